@@ -1,0 +1,17 @@
+"""The `inferfleet` command: one sub-command per life-cycle action."""
+
+from __future__ import annotations
+
+import typer
+
+from inferfleet.commands import lab
+
+app = typer.Typer(
+    help="Provision and operate LLM inference fleets (vLLM behind HAProxy/Nginx).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(lab.app, name="lab")
+
+if __name__ == "__main__":
+    app()

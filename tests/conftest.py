@@ -1,0 +1,41 @@
+"""Shared fixtures: the repository root and, for tests that need the lab, the node image."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def node_image() -> str:
+    """The lab's node image tag (built on first use); exported for molecule."""
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        pytest.fail("no Docker engine answers: run `make setup` (scripts/ensure-docker.sh)")
+    from inferfleet.lab.image import ensure_node_image
+
+    tag = ensure_node_image()
+    os.environ["INFERFLEET_NODE_IMAGE"] = tag
+    return tag
+
+
+@pytest.fixture(scope="session")
+def venv_bin() -> Path:
+    """The virtualenv's bin folder, first on PATH for tools run by the tests."""
+    bin_dir = ROOT / ".venv" / "bin"
+    if not (bin_dir / "ansible-playbook").exists():
+        found = shutil.which("ansible-playbook")
+        assert found, "ansible-playbook is missing: run `make setup`"
+        bin_dir = Path(found).parent
+    os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    return bin_dir

@@ -1,0 +1,50 @@
+import pytest
+
+from inferfleet.instances import InventoryError, instances, rank_of, serving_nodes
+
+
+def test_default_every_node_is_its_own_instance():
+    groups = instances(["a", "b"], {})
+    assert groups == {"a": ["a"], "b": ["b"]}
+    assert serving_nodes(groups) == ["a", "b"]
+
+
+def test_pipeline_group_in_inventory_order_and_explicit_rank():
+    hv = {"a": {"inferfleet_instance": "big"}, "b": {"inferfleet_instance": "big"}, "c": {}}
+    assert instances(["a", "b", "c"], hv) == {"big": ["a", "b"], "c": ["c"]}
+    hv["a"]["inferfleet_rank"], hv["b"]["inferfleet_rank"] = 1, 0
+    groups = instances(["a", "b", "c"], hv)
+    assert groups["big"] == ["b", "a"]
+    assert rank_of("a", groups) == ("big", 1, 2)
+    assert serving_nodes(groups) == ["b", "c"]
+
+
+@pytest.mark.parametrize(
+    "hv, words",
+    [
+        (
+            {
+                "a": {"inferfleet_instance": "g", "inferfleet_rank": 0},
+                "b": {"inferfleet_instance": "g"},
+            },
+            ["instance g", "inferfleet_rank", "missing on b"],
+        ),
+        (
+            {
+                "a": {"inferfleet_instance": "g", "inferfleet_rank": 0},
+                "b": {"inferfleet_instance": "g", "inferfleet_rank": 2},
+            },
+            ["instance g", "0..1"],
+        ),
+    ],
+)
+def test_bad_ranks_are_refused_with_what_to_change(hv, words):
+    with pytest.raises(InventoryError) as err:
+        instances(["a", "b"], hv)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_empty_group_is_refused():
+    with pytest.raises(InventoryError, match="`inference` group is empty"):
+        instances([], {})
