@@ -1,0 +1,29 @@
+"""Capacity planner: does a model fit a fleet, in which topology, with which settings.
+
+Pure Python, no Ansible: :func:`load_model` reads config.json and safetensors
+headers (folder or S3), :func:`plan_model` answers, ``Plan.to_dict()`` is the
+machine form and ``Plan.group_vars()`` the variables the roles consume.
+See docs/planner.md for how it computes and where each constant comes from.
+"""
+
+from inferfleet.planner.architecture import Architecture, parse_architecture
+from inferfleet.planner.errors import PlannerError
+from inferfleet.planner.memory import KVCapacity, cpu_kv_capacity, kv_bytes_per_token
+from inferfleet.planner.model import ModelSource, load_model
+from inferfleet.planner.plan import Hardware, Plan, Targets, plan_config, plan_model
+
+__all__ = [
+    "Architecture",
+    "Hardware",
+    "KVCapacity",
+    "ModelSource",
+    "Plan",
+    "PlannerError",
+    "Targets",
+    "cpu_kv_capacity",
+    "kv_bytes_per_token",
+    "load_model",
+    "parse_architecture",
+    "plan_config",
+    "plan_model",
+]
