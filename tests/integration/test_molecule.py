@@ -7,7 +7,7 @@ import pytest
 
 pytestmark = pytest.mark.lab
 
-SCENARIOS = ["default"]
+SCENARIOS = ["default", "lb"]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

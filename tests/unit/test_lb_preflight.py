@@ -1,0 +1,156 @@
+"""Bad inventories fail in the load balancer's preflight, with a message naming what to change.
+
+Each case runs the role's `preflight` task file through `ansible-playbook` against a
+small inventory (no host is contacted: every check is an assertion on the controller).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+SECRET = "sk-never-print-me-0123456789"
+GOOD_KEYS = [{"id": "alice", "key": SECRET}]
+
+PLAYBOOK = """\
+- name: Load balancer preflight
+  hosts: loadbalancers
+  gather_facts: false
+  tasks:
+    - name: Run the role's preflight
+      ansible.builtin.include_role:
+        name: load_balancer
+        tasks_from: preflight
+"""
+
+
+def _inventory(lb: dict | None = None, backends: dict | None = None, lb_name: str = "lb1",
+               also_engine: bool = False) -> dict:
+    lb_vars = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+               "load_balancer_api_keys": GOOD_KEYS, **(lb or {})}
+    backends = {"node1": {"ansible_host": "10.0.0.11"}, "node2": {"ansible_host": "10.0.0.12"}} \
+        if backends is None else backends
+    inference = dict(backends)
+    if also_engine:
+        inference[lb_name] = {}
+    return {"all": {"children": {
+        "loadbalancers": {"hosts": {lb_name: lb_vars}},
+        "inference": {"hosts": inference},
+    }}}
+
+
+def _preflight(tmp_path: Path, inventory: dict) -> subprocess.CompletedProcess:
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "preflight.yml").write_text(PLAYBOOK)
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    return subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), "-i", str(tmp_path / "inventory.yml"),
+         str(tmp_path / "preflight.yml")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+def _one_line(text: str) -> str:
+    """The output with YAML line folding undone, so phrases can be searched."""
+    return " ".join(text.split())
+
+
+CASES = {
+    "no backends": (
+        _inventory(backends={}),
+        ["no backends", "`inference` group", "Add the engine nodes to [inference]"],
+    ),
+    "lb on an engine host, same port": (
+        _inventory(lb={"load_balancer_port": 8000}, also_engine=True),
+        ["lb1 runs both the load balancer and an engine", "port 8000",
+         "set load_balancer_port (now 8000)", "inference_engine_port on lb1"],
+    ),
+    "lb at an engine's address, admin port clash": (
+        _inventory(lb={"ansible_host": "10.0.0.12", "load_balancer_admin_port": 8000}),
+        ["lb1 runs both the load balancer and an engine", "port 8000",
+         "load_balancer_admin_port (now 8000)"],
+    ),
+    "public and admin port equal": (
+        _inventory(lb={"load_balancer_port": 8404}),
+        ["load_balancer_port and load_balancer_admin_port are both 8404"],
+    ),
+    "every weight zero": (
+        _inventory(lb={"load_balancer_backend_weight": 0}),
+        ["every backend (node1, node2) has weight 0",
+         "set load_balancer_backend_weight above 0"],
+    ),
+    "weight out of range": (
+        _inventory(backends={"node1": {"load_balancer_backend_weight": 300}, "node2": {}}),
+        ["load_balancer_backend_weight must be 0..256 on node1"],
+    ),
+    "two rank 0 in one instance": (
+        _inventory(backends={
+            "node1": {"inferfleet_instance": "big", "inferfleet_rank": 0},
+            "node2": {"inferfleet_instance": "big", "inferfleet_rank": 0},
+        }),
+        ["instance big", "inferfleet_rank"],
+    ),
+    "instance name unfit for a server": (
+        _inventory(backends={"node1": {"inferfleet_instance": "big one"}, "node2": {}}),
+        ["instance names big one", "change inferfleet_instance"],
+    ),
+    "no API keys": (
+        _inventory(lb={"load_balancer_api_keys": []}),
+        ["no API keys", "set load_balancer_api_keys", "load_balancer_api_keys_required: false"],
+    ),
+    "malformed and shared keys": (
+        _inventory(lb={"load_balancer_api_keys": [
+            {"id": "short", "key": "abc"},
+            {"id": "twin1", "key": SECRET},
+            {"id": "twin2", "key": SECRET},
+        ]}),
+        ["the keys of short, twin1, twin2 in load_balancer_api_keys", "replace them"],
+    ),
+    "repeated key ids": (
+        _inventory(lb={"load_balancer_api_keys": [
+            {"id": "alice", "key": SECRET}, {"id": "alice", "key": SECRET + "x"},
+        ]}),
+        ["API key ids must be distinct", "rename the repeated ones"],
+    ),
+    "duration without a unit": (
+        _inventory(lb={"load_balancer_timeout_server": "600"}),
+        ["load_balancer_timeout_server: write a number with a unit"],
+    ),
+    "certificate without key": (
+        _inventory(lb={"load_balancer_tls_certificate": "-----BEGIN CERTIFICATE-----\nx\n"}),
+        ["load_balancer_tls_certificate", "load_balancer_tls_key", "or neither"],
+    ),
+    "allowed path not a path": (
+        _inventory(lb={"load_balancer_allowed_paths": ["v1/completions"]}),
+        ["load_balancer_allowed_paths must list exact paths"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_inventory_fails_naming_what_to_change(tmp_path, case):
+    inventory, words = CASES[case]
+    run = _preflight(tmp_path, inventory)
+    out = _one_line(run.stdout + run.stderr)
+    assert run.returncode != 0, out[-3000:]
+    for word in words:
+        assert word in out, f"{word!r} missing from: {out[-3000:]}"
+    assert SECRET not in out, "the preflight printed an API key"
+
+
+def test_good_inventory_passes(tmp_path):
+    inventory = _inventory(backends={
+        "node1": {"load_balancer_backend_weight": 0},
+        "node2": {"inferfleet_instance": "big"},
+        "node3": {"inferfleet_instance": "big"},
+    })
+    run = _preflight(tmp_path, inventory)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert SECRET not in run.stdout + run.stderr

@@ -1,0 +1,424 @@
+"""The load balancer role's configurations, rendered by Ansible itself and checked by the proxies.
+
+One `ansible-playbook` run per sample inventory (2 backends: every variant; 3 backends
+of which one is a pipeline instance: plain HAProxy and Nginx) renders into a temporary
+folder through the role's own `preflight` and `configure` task files, with one load
+balancer host on a local connection per variant. Then the real `haproxy -c` and
+`nginx -t` read the output, and the tests assert the contract's properties on the text.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+
+KEYS = [
+    {"id": "alice", "key": "sk-alice-0123456789abcdef"},
+    {"id": "bob", "key": "sk-bob+/=.~_-0123456789", "rate_limit": 5},
+]
+UPSTREAM_KEY = "engine-key-0123456789abcdef"
+ALLOWED = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/embeddings"]
+
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("haproxy") and shutil.which("nginx") and shutil.which("openssl")),
+    reason="haproxy, nginx and openssl are needed to validate the rendered configurations",
+)
+
+PLAYBOOK = """\
+- name: Render the load balancer's configuration into a folder
+  hosts: loadbalancers
+  gather_facts: false
+  tasks:
+    - name: Run the role's preflight
+      ansible.builtin.include_role:
+        name: load_balancer
+        tasks_from: preflight
+    - name: Render the configuration
+      ansible.builtin.include_role:
+        name: load_balancer
+        tasks_from: configure
+    # The role's handlers would reload a real service on this machine: not here.
+    - name: Stop before the handlers
+      ansible.builtin.meta: end_play
+"""
+
+
+def _self_signed(folder: Path) -> tuple[str, str]:
+    key, crt = folder / "tls.key", folder / "tls.crt"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", "/CN=lb.test", "-keyout", str(key), "-out", str(crt)],
+        check=True, capture_output=True,
+    )
+    return crt.read_text(), key.read_text()
+
+
+def _variants(tls: tuple[str, str]) -> dict[str, dict]:
+    secure = {"load_balancer_api_keys": KEYS, "load_balancer_backend_api_key": UPSTREAM_KEY}
+    return {
+        "haproxy": {"load_balancer_kind": "haproxy", **secure},
+        "nginx": {"load_balancer_kind": "nginx", **secure},
+        "haproxy_tls": {
+            "load_balancer_kind": "haproxy", "load_balancer_port": 443,
+            "load_balancer_tls_certificate": tls[0], "load_balancer_tls_key": tls[1], **secure,
+        },
+        "nginx_tls": {
+            "load_balancer_kind": "nginx", "load_balancer_port": 443,
+            "load_balancer_tls_certificate": tls[0], "load_balancer_tls_key": tls[1], **secure,
+        },
+        "haproxy_open": {
+            "load_balancer_kind": "haproxy", "load_balancer_api_keys_required": False,
+            "load_balancer_balance": "roundrobin",
+        },
+        "nginx_open": {
+            "load_balancer_kind": "nginx", "load_balancer_api_keys_required": False,
+            "load_balancer_balance": "roundrobin",
+        },
+    }
+
+
+def _inventory(backends: dict[str, dict], variants: dict[str, dict], out: Path) -> dict:
+    lbs = {}
+    for name, hostvars in variants.items():
+        folder = out / name
+        folder.mkdir()
+        lbs[f"lb_{name}"] = {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "load_balancer_haproxy_config_dir": str(folder),
+            "load_balancer_nginx_config_dir": str(folder),
+            "load_balancer_haproxy_server_state_file": str(folder / "server-state"),
+            **hostvars,
+        }
+    return {
+        "all": {
+            "children": {
+                "loadbalancers": {"hosts": lbs},
+                "inference": {"hosts": backends},
+            }
+        }
+    }
+
+
+def _render(tmp: Path, backends: dict[str, dict], only: tuple[str, ...] = ()) -> Path:
+    out = tmp / "out"
+    out.mkdir()
+    variants = _variants(_self_signed(tmp))
+    if only:
+        variants = {name: variants[name] for name in only}
+    inventory = _inventory(backends, variants, out)
+    (tmp / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    (tmp / "render.yml").write_text(PLAYBOOK)
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    run = subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), "-i", str(tmp / "inventory.yml"), str(tmp / "render.yml")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    for entry in KEYS:
+        assert entry["key"] not in run.stdout + run.stderr, "an API key reached Ansible's output"
+    assert UPSTREAM_KEY not in run.stdout + run.stderr
+    return out
+
+
+TWO = {
+    "node1": {"ansible_host": "10.0.0.11"},
+    "node2": {"ansible_host": "10.0.0.12", "inference_engine_port": 8001},
+}
+# node1 alone on faster hardware; big = node3 + node4 (node4 is rank 0); small alone.
+THREE = {
+    "node1": {"ansible_host": "10.0.0.11", "load_balancer_backend_weight": 200,
+              "load_balancer_backend_maxconn": 128},
+    "node3": {"ansible_host": "10.0.0.13", "inferfleet_instance": "big", "inferfleet_rank": 1},
+    "node4": {"ansible_host": "10.0.0.14", "inferfleet_instance": "big", "inferfleet_rank": 0},
+    "small": {"load_balancer_backend_address": "10.0.0.20"},
+}
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory) -> Path:
+    return _render(tmp_path_factory.mktemp("two"), TWO)
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory) -> Path:
+    return _render(tmp_path_factory.mktemp("three"), THREE, only=("haproxy", "nginx"))
+
+
+def _section(cfg: str, header: str) -> list[str]:
+    """The stripped, non-comment lines of one HAProxy section."""
+    lines, inside = [], False
+    for raw in cfg.splitlines():
+        if raw and not raw[0].isspace():
+            inside = raw.strip() == header
+            continue
+        line = raw.strip()
+        if inside and line and not line.startswith("#"):
+            lines.append(line)
+    return lines
+
+
+def _haproxy_check(folder: Path) -> None:
+    run = subprocess.run(["haproxy", "-c", "-f", str(folder / "haproxy.cfg")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Configuration file is valid" in run.stdout + run.stderr
+
+
+def _nginx_check(folder: Path) -> None:
+    run = subprocess.run(["nginx", "-t", "-c", str(folder / "nginx.conf")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+# --- HAProxy -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "sample, variant",
+    [("two", "haproxy"), ("two", "haproxy_tls"), ("two", "haproxy_open"), ("three", "haproxy")],
+)
+def test_haproxy_accepts_every_variant(request, sample, variant):
+    _haproxy_check(request.getfixturevalue(sample) / variant)
+
+
+def test_haproxy_servers_are_every_instances_rank_0(two, three):
+    backend = _section((two / "haproxy" / "haproxy.cfg").read_text(), "backend inferfleet_engines")
+    servers = [line for line in backend if line.startswith("server ")]
+    assert servers == [
+        "server node1 10.0.0.11:8000 weight 100 maxconn 64",
+        "server node2 10.0.0.12:8001 weight 100 maxconn 64",
+    ]
+    cfg = (three / "haproxy" / "haproxy.cfg").read_text()
+    backend = _section(cfg, "backend inferfleet_engines")
+    servers = [line for line in backend if line.startswith("server ")]
+    assert servers == [
+        "server big 10.0.0.14:8000 weight 100 maxconn 64",
+        "server node1 10.0.0.11:8000 weight 200 maxconn 128",
+        "server small 10.0.0.20:8000 weight 100 maxconn 64",
+    ]
+
+
+def test_haproxy_balancing_health_and_queue(two):
+    cfg = (two / "haproxy" / "haproxy.cfg").read_text()
+    backend = _section(cfg, "backend inferfleet_engines")
+    assert "balance leastconn" in backend
+    assert "option httpchk" in backend
+    assert "http-check send meth GET uri /health ver HTTP/1.1 hdr Host inferfleet-lb" in backend
+    assert "http-check expect status 200" in backend
+    default_server = next(line for line in backend if line.startswith("default-server "))
+    for word in ["check", "inter 2s", "fastinter 1s", "downinter 5s", "fall 3", "rise 2",
+                 "slowstart 60s", "maxconn 64"]:
+        assert f" {word}" in default_server, word
+    defaults = _section(cfg, "defaults")
+    assert "timeout queue 30s" in defaults
+    assert any(line.startswith("http-error status 503 content-type application/json")
+               and "Retry-After" in line for line in defaults)
+    open_cfg = (two / "haproxy_open" / "haproxy.cfg").read_text()
+    assert "balance roundrobin" in _section(open_cfg, "backend inferfleet_engines")
+
+
+def test_haproxy_retries_only_connection_failures(two):
+    defaults = _section((two / "haproxy" / "haproxy.cfg").read_text(), "defaults")
+    assert [line for line in defaults if line.startswith("retry-on")] == ["retry-on conn-failure"]
+    assert "retries 2" in defaults
+    assert "option redispatch 1" in defaults
+    text = "\n".join(defaults)
+    for risky in ["all-retryable-errors", "empty-response", "response-timeout", "junk-response",
+                  "0rtt-rejected", "retry-on 5", "l7-retries"]:
+        assert risky not in text
+
+
+def test_haproxy_timeouts_do_not_cut_long_streams(two):
+    defaults = _section((two / "haproxy" / "haproxy.cfg").read_text(), "defaults")
+    assert "timeout client 10m" in defaults
+    assert "timeout server 10m" in defaults
+    assert not any(line.startswith("timeout tunnel") for line in defaults)
+
+
+def test_haproxy_edge_security(two):
+    cfg = (two / "haproxy" / "haproxy.cfg").read_text()
+    public = _section(cfg, "frontend inferfleet_public")
+    keys_map = two / "haproxy" / "inferfleet-api-keys.map"
+    assert (f"http-request set-var(txn.key_id) http_auth_bearer,map_str({keys_map})") in public
+    unauthorized = next(line for line in public if "return status 401" in line)
+    assert unauthorized.endswith("unless { var(txn.key_id) -m found }")
+    assert "WWW-Authenticate" in unauthorized
+    assert f"acl inferfleet_allowed_path path {' '.join(ALLOWED)}" in public
+    deny = next(line for line in public if "deny_status 403" in line)
+    assert deny.startswith("http-request deny") and deny.endswith("unless inferfleet_allowed_path")
+    # The 401 comes before the path check, the path check before the rate count.
+    order = [i for i, line in enumerate(public)
+             if "status 401" in line or "deny_status 403" in line or "track-sc0" in line]
+    assert len(order) == 3 and order == sorted(order)
+    assert any(line.startswith("stick-table type string") and "http_req_rate(60s)" in line
+               for line in public)
+    assert "http-request track-sc0 var(txn.key_id)" in public
+    assert "http-request set-var(txn.rate_limit) int(600)" in public
+    assert "http-request set-var(txn.rate_limit) int(5) if { var(txn.key_id) -m str bob }" in public
+    assert any("deny_status 429" in line and "Retry-After" in line
+               and line.endswith("if { var(txn.rate_excess) -m int gt 0 }") for line in public)
+    assert "http-request del-header Authorization" in public
+    backend = _section(cfg, "backend inferfleet_engines")
+    upstream_map = two / "haproxy" / "inferfleet-upstream.map"
+    bearer = f"Bearer %[str(upstream),map_str({upstream_map})]"
+    assert f'http-request set-header Authorization "{bearer}"' in backend
+
+
+def test_haproxy_admin_endpoint_is_apart_and_runtime_api_local(two):
+    cfg = (two / "haproxy" / "haproxy.cfg").read_text()
+    public = _section(cfg, "frontend inferfleet_public")
+    admin = _section(cfg, "frontend inferfleet_admin")
+    assert [line for line in public if line.startswith("bind ")] == ["bind 0.0.0.0:80"]
+    assert [line for line in admin if line.startswith("bind ")] == ["bind 127.0.0.1:8404"]
+    assert "http-request use-service prometheus-exporter if { path /metrics }" in admin
+    assert "stats uri /stats" in admin
+    assert not any(line.startswith("stats") or "prometheus" in line for line in public)
+    glob = _section(cfg, "global")
+    assert "stats socket /run/haproxy/admin.sock mode 600 level admin expose-fd listeners" in glob
+    assert f"server-state-file {two / 'haproxy' / 'server-state'}" in glob
+    assert "load-server-state-from-file global" in _section(cfg, "defaults")
+
+
+def test_haproxy_secrets_stay_in_0600_files(two):
+    folder = two / "haproxy"
+    cfg = (folder / "haproxy.cfg").read_text()
+    for entry in KEYS:
+        assert entry["key"] not in cfg
+    assert UPSTREAM_KEY not in cfg
+    keys_map = folder / "inferfleet-api-keys.map"
+    assert stat.S_IMODE(keys_map.stat().st_mode) == 0o600
+    lines = [line for line in keys_map.read_text().splitlines() if not line.startswith("#")]
+    assert lines == [f"{e['key']} {e['id']}" for e in KEYS]
+    upstream = folder / "inferfleet-upstream.map"
+    assert stat.S_IMODE(upstream.stat().st_mode) == 0o600
+    assert upstream.read_text() == f"upstream {UPSTREAM_KEY}\n"
+
+
+def test_haproxy_tls_terminates_only_when_given(two):
+    tls = _section((two / "haproxy_tls" / "haproxy.cfg").read_text(), "frontend inferfleet_public")
+    pem = two / "haproxy_tls" / "inferfleet-tls.pem"
+    assert [line for line in tls if line.startswith("bind ")] == [
+        f"bind 0.0.0.0:443 ssl crt {pem} alpn h2,http/1.1"
+    ]
+    assert stat.S_IMODE(pem.stat().st_mode) == 0o600
+    assert "PRIVATE KEY" in pem.read_text() and "BEGIN CERTIFICATE" in pem.read_text()
+    assert not (two / "haproxy" / "inferfleet-tls.pem").exists()
+
+
+def test_haproxy_open_endpoint_limits_per_client_address(two):
+    public = _section((two / "haproxy_open" / "haproxy.cfg").read_text(),
+                      "frontend inferfleet_public")
+    assert "http-request set-var(txn.key_id) src" in public
+    assert not any("status 401" in line for line in public)
+    assert not any("upstream" in line for line in
+                   _section((two / "haproxy_open" / "haproxy.cfg").read_text(),
+                            "backend inferfleet_engines"))
+
+
+# --- Nginx ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "sample, variant",
+    [("two", "nginx"), ("two", "nginx_tls"), ("two", "nginx_open"), ("three", "nginx")],
+)
+def test_nginx_accepts_every_variant(request, sample, variant):
+    _nginx_check(request.getfixturevalue(sample) / variant)
+
+
+def _directives(conf: str) -> list[str]:
+    return [line.strip() for line in conf.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def test_nginx_upstream_contract(two, three):
+    lines = _directives((two / "nginx" / "nginx.conf").read_text())
+    assert "least_conn;" in lines
+    assert [line for line in lines if line.startswith("server 10.")] == [
+        "server 10.0.0.11:8000 weight=100 max_fails=3 fail_timeout=10s max_conns=64;",
+        "server 10.0.0.12:8001 weight=100 max_fails=3 fail_timeout=10s max_conns=64;",
+    ]
+    lines = _directives((three / "nginx" / "nginx.conf").read_text())
+    assert [line for line in lines if line.startswith("server 10.")] == [
+        "server 10.0.0.14:8000 weight=100 max_fails=3 fail_timeout=10s max_conns=64;",
+        "server 10.0.0.11:8000 weight=200 max_fails=3 fail_timeout=10s max_conns=128;",
+        "server 10.0.0.20:8000 weight=100 max_fails=3 fail_timeout=10s max_conns=64;",
+    ]
+    assert "least_conn;" not in _directives((two / "nginx_open" / "nginx.conf").read_text())
+
+
+def test_nginx_retries_and_streams(two):
+    lines = _directives((two / "nginx" / "nginx.conf").read_text())
+    assert [line for line in lines if line.startswith("proxy_next_upstream ")] == [
+        "proxy_next_upstream error timeout;"
+    ]
+    assert "proxy_next_upstream_tries 3;" in lines
+    assert not any("non_idempotent" in line or "http_50" in line for line in lines)
+    assert "proxy_buffering off;" in lines
+    assert "proxy_read_timeout 10m;" in lines
+    assert "send_timeout 10m;" in lines
+
+
+def test_nginx_edge_security(two):
+    folder = two / "nginx"
+    conf = (folder / "nginx.conf").read_text()
+    lines = _directives(conf)
+    assert f"include {folder / 'inferfleet-api-keys.conf'};" in lines
+    assert 'if ($inferfleet_key_id = "") {' in lines and "return 401;" in lines
+    for path in ALLOWED:
+        assert f"location = {path} {{" in lines
+    catch_all = conf.index("location / {")
+    assert "return 403" in conf[catch_all:conf.index("}", catch_all)]
+    assert "limit_req_status 429;" in lines
+    for limit, rate in [(600, "600r/m"), (5, "5r/m")]:
+        zone = f"zone=inferfleet_rate_{limit}:10m rate={rate};"
+        assert f"limit_req_zone $inferfleet_rate_key_{limit} {zone}" in lines
+    assert "limit_req zone=inferfleet_rate_600 burst=599 nodelay;" in lines
+    assert re.search(r"map \$inferfleet_key_id \$inferfleet_rate_key_5 \{\s+"
+                     r"default \"\";\s+\\bob bob;", conf)
+    assert re.search(r"map \$inferfleet_key_id \$inferfleet_rate_key_600 \{\s+"
+                     r"default \$inferfleet_key_id;\s+\\bob \"\";", conf)
+    keys = (folder / "inferfleet-api-keys.conf").read_text()
+    assert '"~^sk\\-alice\\-0123456789abcdef$" alice;' in keys
+    assert stat.S_IMODE((folder / "inferfleet-api-keys.conf").stat().st_mode) == 0o600
+    upstream = folder / "inferfleet-upstream-auth.conf"
+    assert f'proxy_set_header Authorization "Bearer {UPSTREAM_KEY}";' in upstream.read_text()
+    assert stat.S_IMODE(upstream.stat().st_mode) == 0o600
+    for entry in KEYS:
+        assert entry["key"] not in conf
+    assert UPSTREAM_KEY not in conf
+    open_auth = (two / "nginx_open" / "inferfleet-upstream-auth.conf").read_text()
+    assert 'proxy_set_header Authorization "";' in open_auth
+
+
+def test_nginx_admin_endpoint_is_apart(two):
+    lines = _directives((two / "nginx" / "nginx.conf").read_text())
+    assert [line for line in lines if line.startswith("listen ")] == [
+        "listen 0.0.0.0:80;", "listen 127.0.0.1:8404;"
+    ]
+    assert "stub_status;" in lines
+    tls = _directives((two / "nginx_tls" / "nginx.conf").read_text())
+    assert "listen 0.0.0.0:443 ssl;" in tls
+
+
+def test_nginx_key_patterns_match_exactly(two):
+    """The anchored, escaped patterns accept the key itself and nothing near it."""
+    keys = (two / "nginx" / "inferfleet-api-keys.conf").read_text()
+    patterns = re.findall(r'^"~(.*)" (\S+);$', keys, re.M)
+    assert [key_id for _, key_id in patterns] == ["alice", "bob"]
+    for (pattern, _), entry in zip(patterns, KEYS, strict=True):
+        assert re.fullmatch(pattern, entry["key"])
+        assert not re.fullmatch(pattern, entry["key"].upper())
+        assert not re.fullmatch(pattern, entry["key"] + "x")
+        assert not re.fullmatch(pattern, "x" + entry["key"])
+
