@@ -7,7 +7,7 @@ import pytest
 
 pytestmark = pytest.mark.lab
 
-SCENARIOS = ["default", "lb"]
+SCENARIOS = ["default", "lb", "gpu_host"]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
