@@ -39,3 +39,14 @@ def venv_bin() -> Path:
         bin_dir = Path(found).parent
     os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
     return bin_dir
+
+
+@pytest.fixture(scope="session")
+def wheelhouse() -> Path:
+    """vLLM's CPU build and its dependencies, for node containers (mounted read-only)."""
+    from inferfleet.lab.wheelhouse import DEFAULT_DIR, ensure_wheelhouse
+
+    path = Path(os.environ.get("INFERFLEET_WHEELHOUSE", DEFAULT_DIR))
+    ensure_wheelhouse(path)
+    os.environ["INFERFLEET_WHEELHOUSE"] = str(path)
+    return path

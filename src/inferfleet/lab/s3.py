@@ -62,6 +62,8 @@ def weed_args(
         f"-filer.port={filer_port}",
         "-s3",
         f"-s3.port={s3_port}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
         "-volume.max=0",
         "-master.volumeSizeLimitMB=1024",
     ]

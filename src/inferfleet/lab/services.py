@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from inferfleet.lab.s3 import wait_for_s3, weed_binary
 
@@ -93,7 +94,8 @@ def ensure_s3(name: str, network: str, image: str) -> tuple[str, str]:
             "-c",
             "mkdir -p /data && printf '%s' \"$S3_CONFIG\" > /etc/s3.json && exec weed server"
             f" -dir=/data -ip={container} -ip.bind=0.0.0.0 -s3 -s3.port={S3_PORT}"
-            " -s3.config=/etc/s3.json -volume.max=0 -master.volumeSizeLimitMB=1024",
+            " -s3.config=/etc/s3.json -s3.port.iceberg=0 -s3.port.lance=0"
+            " -volume.max=0 -master.volumeSizeLimitMB=1024",
         )
     address = _docker(
         "inspect",
@@ -133,13 +135,67 @@ def down(name: str) -> list[str]:
     return removed
 
 
-if __name__ == "__main__":
-    import sys
+def containers(name: str) -> list[tuple[str, str]]:
+    """(name, status) of every container labelled for this lab."""
+    out = _docker(
+        "ps", "-a", "--filter", f"label={LABEL}={name}", "--format", "{{.Names}}\t{{.Status}}"
+    )
+    return [tuple(line.split("\t", 1)) for line in out.splitlines() if line]
+
+
+def publish_tiny(
+    lab: LabServices, bucket: str, prefix: str, name: str, version: str, seed: int, workdir: Path
+) -> bool:
+    """Generate the tiny model for `seed` and publish it once (versions are immutable).
+    Return whether it was published now (False: it already was)."""
+    from inferfleet.lab.tinymodel import generate
+    from inferfleet.publish import make_client, publish
+
+    env = lab.s3_env()
+    client = make_client(
+        env["AWS_ENDPOINT_URL"],
+        env["AWS_ACCESS_KEY_ID"],
+        env["AWS_SECRET_ACCESS_KEY"],
+        env["AWS_DEFAULT_REGION"],
+    )
+    if bucket not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+        client.create_bucket(Bucket=bucket)
+    try:
+        client.head_object(Bucket=bucket, Key=f"{prefix}/{name}/{version}/manifest.json")
+        return False
+    except client.exceptions.ClientError:
+        pass
+    model = generate(workdir / name / version, seed=seed)
+    publish(model, f"s3://{bucket}/{prefix}/{name}/{version}", client=client)
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m inferfleet.lab.services up NAME [--publish BUCKET/PREFIX/MODEL/VERSION:SEED]
+    | down NAME  (used by the molecule scenarios' prepare and cleanup steps)"""
+    import argparse
+    import tempfile
 
     from inferfleet.lab.image import ensure_node_image
 
-    lab = sys.argv[2] if len(sys.argv) > 2 else "inferfleet-lab"
-    if sys.argv[1] == "up":
-        print(json.dumps(asdict(up(lab, ensure_node_image())), indent=2))
-    else:
-        print("\n".join(down(lab)))
+    parser = argparse.ArgumentParser(prog="python -m inferfleet.lab.services")
+    parser.add_argument("action", choices=["up", "down"])
+    parser.add_argument("name")
+    parser.add_argument(
+        "--publish", action="append", default=[], metavar="BUCKET/PREFIX/MODEL/VERSION:SEED"
+    )
+    args = parser.parse_args(argv)
+    if args.action == "down":
+        print("\n".join(down(args.name)))
+        return
+    lab = up(args.name, ensure_node_image())
+    with tempfile.TemporaryDirectory() as work:
+        for spec in args.publish:
+            location, seed = spec.rsplit(":", 1)
+            bucket, prefix, model, version = location.split("/")
+            publish_tiny(lab, bucket, prefix, model, version, int(seed), Path(work))
+    print(json.dumps(asdict(lab), indent=2))
+
+
+if __name__ == "__main__":
+    main()

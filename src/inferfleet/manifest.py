@@ -1,0 +1,1 @@
+../../plugins/module_utils/inferfleet_manifest.py

