@@ -5,9 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # System tools: debootstrap builds the node image; haproxy and nginx validate rendered
-# configurations in the unit tests. Installed only where missing, only as root on Debian.
+# configurations in the unit tests; promtool (Debian's prometheus) tests the alert rules. Installed only where missing, only as root on Debian.
 missing=()
-for tool in debootstrap:debootstrap haproxy:haproxy nginx:nginx-light; do
+for tool in debootstrap:debootstrap haproxy:haproxy nginx:nginx-light promtool:prometheus; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${tool%%:*}" ] || missing+=("${tool#*:}")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -19,8 +19,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # the packages start their services; the lab does not want them on the controller
-  systemctl disable --now haproxy nginx >/dev/null 2>&1 || true
+  systemctl disable --now haproxy nginx prometheus prometheus-node-exporter >/dev/null 2>&1 || true
   pkill -x haproxy 2>/dev/null || true; pkill -x nginx 2>/dev/null || true
+  pkill -x prometheus 2>/dev/null || true; pkill -f prometheus-node-exporter 2>/dev/null || true
 fi
 
 python=${PYTHON:-python3}

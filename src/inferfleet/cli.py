@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from inferfleet.commands import lab
+from inferfleet.commands import deploy, lab, model, plan, status, verify
 
 app = typer.Typer(
     help="Provision and operate LLM inference fleets (vLLM behind HAProxy/Nginx).",
@@ -12,6 +12,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(lab.app, name="lab")
+app.add_typer(model.app, name="model")
+app.command("plan")(plan.plan_command)
+app.command("deploy")(deploy.deploy)
+app.command("status")(status.status)
+app.command("verify")(verify.verify)
 
 if __name__ == "__main__":
     app()

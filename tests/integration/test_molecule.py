@@ -7,11 +7,11 @@ import pytest
 
 pytestmark = pytest.mark.lab
 
-SCENARIOS = ["default", "lb", "gpu_host"]
+SCENARIOS = ["default", "lb", "gpu_host", "engine", "replicated"]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_scenario(scenario, node_image, repo_root, venv_bin):
+def test_scenario(scenario, node_image, wheelhouse, repo_root, venv_bin):
     done = subprocess.run(
         [venv_bin / "molecule", "test", "-s", scenario],
         cwd=repo_root,

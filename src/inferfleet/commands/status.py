@@ -1,0 +1,103 @@
+"""`inferfleet status`: per instance and node, what the fleet reports right now."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from inferfleet.commands.common import console, resolve_inventory
+from inferfleet.runner import run_playbook
+
+METRIC = re.compile(r"^(vllm:[a-z_]+)\{[^}]*\}\s+([0-9.eE+-]+)$")
+
+
+def metric_sums(lines: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in lines:
+        m = METRIC.match(line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
+
+
+def reports(events: list[dict]) -> dict[str, dict]:
+    """Each host's `Report` task message, from the run's events."""
+    out = {}
+    for event in events:
+        data = event.get("event_data", {})
+        if event.get("event") == "runner_on_ok" and data.get("task") == "Report":
+            out[data["host"]] = data["res"]["msg"]
+    return out
+
+
+def status(
+    inventory: Path | None = typer.Option(None, "-i", "--inventory", help="Inventory path."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+) -> None:
+    """Engine state, model version and digest, and load per node."""
+    quiet = Console(quiet=True)
+    result = run_playbook(
+        "status", "status.yml", resolve_inventory(inventory), console=quiet, keep_events=True
+    )
+    nodes = reports(result.events)
+    rows = []
+    for host, msg in sorted(
+        nodes.items(), key=lambda kv: (kv[1]["instance"]["instance"], kv[1]["instance"]["rank"])
+    ):
+        m = metric_sums(msg.get("metrics") or [])
+        rows.append(
+            {
+                "instance": msg["instance"]["instance"],
+                "rank": msg["instance"]["rank"],
+                "host": host,
+                "unit": msg["unit"],
+                "healthy": bool(msg["healthy"]),
+                "model_version": msg["model_version"],
+                "manifest_digest": msg["manifest_digest"],
+                "engine_version": msg["engine_version"],
+                "running": m.get("vllm:num_requests_running", 0.0),
+                "waiting": m.get("vllm:num_requests_waiting", 0.0),
+                "served": m.get("vllm:request_success_total", 0.0),
+            }
+        )
+    if as_json:
+        print(json.dumps({"nodes": rows, "failures": result.failures}, indent=2))
+    else:
+        table = Table(title="inferfleet status")
+        for col in (
+            "instance",
+            "rank",
+            "host",
+            "engine",
+            "ready",
+            "model",
+            "digest",
+            "vLLM",
+            "running",
+            "waiting",
+            "served",
+        ):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(
+                r["instance"],
+                str(r["rank"]),
+                r["host"],
+                r["unit"],
+                "[green]yes[/]" if r["healthy"] else "[red]no[/]",
+                r["model_version"],
+                r["manifest_digest"][:19],
+                r["engine_version"],
+                f"{r['running']:.0f}",
+                f"{r['waiting']:.0f}",
+                f"{r['served']:.0f}",
+            )
+        console.print(table)
+        for failure in result.failures:
+            console.print(f"[red]{failure}[/]")
+    raise typer.Exit(result.rc)

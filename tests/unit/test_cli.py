@@ -1,0 +1,129 @@
+"""The CLI's parsing, errors and runner, driven through typer's test runner. The deploy
+runs are real ansible-runner runs against local-connection hosts that the preflight
+refuses, so nothing is touched and the exit code, record and masking are observable."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from inferfleet import runner
+from inferfleet.cli import app
+
+cli = CliRunner()
+
+
+@pytest.fixture
+def runs_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "RUNS_DIR", tmp_path / "runs")
+    return tmp_path / "runs"
+
+
+def inventory(tmp_path: Path, group_vars: dict) -> Path:
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "hosts.yml").write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "vars": {"ansible_connection": "local"},
+                    "children": {"inference": {"hosts": {"n1": None}}},
+                }
+            }
+        )
+    )
+    (inv / "group_vars" / "all.yml").write_text(yaml.safe_dump(group_vars))
+    return inv
+
+
+def test_missing_inventory_is_one_line_without_traceback(tmp_path):
+    result = cli.invoke(app, ["deploy", "-i", str(tmp_path / "nope")])
+    assert result.exit_code == 1
+    assert "does not exist: check the -i path" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bad_extra_vars_say_how_to_write_them(tmp_path):
+    inv = inventory(tmp_path, {})
+    result = cli.invoke(app, ["deploy", "-i", str(inv), "-e", "novalue"])
+    assert result.exit_code == 1
+    assert "write key=value or @file.yml" in result.output
+
+
+def test_preflight_refusal_exits_4_and_keeps_a_masked_record(tmp_path, runs_dir):
+    inv = inventory(
+        tmp_path,
+        {
+            "inferfleet_accelerator": "tpu",
+            "inferfleet_model_name": "m",
+            "inferfleet_model_version": "v1",
+        },
+    )
+    secret = "sk-this-must-not-leak-42"
+    result = cli.invoke(
+        app,
+        [
+            "deploy",
+            "-i",
+            str(inv),
+            "-e",
+            f"inference_engine_api_key={secret}",
+            "-e",
+            "inference_engine_port=9000",
+        ],
+    )
+    assert result.exit_code == 4, result.output
+    assert "preflight refused" in result.output
+    records = list(runs_dir.glob("*/record.json"))
+    assert len(records) == 1
+    record = json.loads(records[0].read_text())
+    assert record["rc"] == 4 and record["command"] == "deploy"
+    assert record["extra_vars"] == {
+        "inference_engine_api_key": "***",
+        "inference_engine_port": 9000,
+    }
+    assert records[0].stat().st_mode & 0o077 == 0
+    leaked = [
+        p for p in runs_dir.rglob("*") if p.is_file() and secret in p.read_text(errors="ignore")
+    ]
+    assert leaked == []
+
+
+def test_mask_covers_nested_secrets():
+    masked = runner.mask(
+        {
+            "load_balancer_api_keys": [{"id": "a", "key": "k"}],
+            "nested": {"s3_secret_key": "s", "port": 1},
+            "empty_token": "",
+        }
+    )
+    assert masked == {
+        "load_balancer_api_keys": [{"id": "a", "key": "***"}],
+        "nested": {"s3_secret_key": "***", "port": 1},
+        "empty_token": "",
+    }
+
+
+def test_exit_codes():
+    progress = runner.Progress(console=None)
+    assert runner.exit_code("successful", {}, progress, cancelled=False) == 0
+    assert runner.exit_code("failed", {"failures": {"a": 1}}, progress, cancelled=False) == 2
+    assert runner.exit_code("failed", {"dark": {"a": 1}}, progress, cancelled=False) == 3
+    assert runner.exit_code("failed", {}, progress, cancelled=True) == 130
+    progress.preflight_failed = True
+    assert runner.exit_code("failed", {"failures": {"a": 1}}, progress, cancelled=False) == 4
+
+
+def test_only_allowed_environment_reaches_the_playbook(monkeypatch):
+    monkeypatch.setenv("ANSIBLE_FORKS", "3")
+    monkeypatch.setenv("GITHUB_TOKEN", "should-not-pass")
+    with runner.allowed_environment():
+        import os
+
+        assert os.environ.get("ANSIBLE_FORKS") == "3"
+        assert "GITHUB_TOKEN" not in os.environ
+    import os
+
+    assert os.environ["GITHUB_TOKEN"] == "should-not-pass"

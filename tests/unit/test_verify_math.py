@@ -1,0 +1,29 @@
+import math
+
+from inferfleet.verify import percentile, served_requests, spread_is_even
+
+
+def test_nearest_rank_percentiles():
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 95) == 95.0
+    assert percentile(values, 99) == 99.0
+    assert percentile([3.0], 99) == 3.0
+    assert math.isnan(percentile([], 50))
+
+
+def test_served_requests_sums_every_finish_reason():
+    text = """# HELP vllm:request_success_total Count of successfully processed requests.
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="tiny"} 3.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny"} 12.0
+vllm:request_success_created{engine="0",finished_reason="stop",model_name="tiny"} 1.7e9
+"""
+    assert served_requests(text) == 15.0
+    assert served_requests("") == 0.0
+
+
+def test_spread():
+    assert spread_is_even({"a": 50, "b": 50})
+    assert spread_is_even({"a": 60, "b": 40})
+    assert not spread_is_even({"a": 90, "b": 10})
+    assert not spread_is_even({"a": 0, "b": 0})
