@@ -1,5 +1,5 @@
 # inferfleet: the README's two commands are `make demo` and `make test`.
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench bench-lb clean
 
 setup:
 	scripts/setup.sh
@@ -15,6 +15,10 @@ lint: setup
 
 bench: setup
 	.venv/bin/python benchmarks/model_sync.py
+
+bench-lb: setup
+	.venv/bin/inferfleet lab up
+	.venv/bin/python benchmarks/lb_overhead.py
 
 clean:
 	-.venv/bin/inferfleet lab down

@@ -10,6 +10,7 @@ import fcntl
 import grp
 import hashlib
 import json
+import mmap
 import os
 import pwd
 import shutil
@@ -132,6 +133,12 @@ options:
         parts in memory while they wait to be hashed in order.
     type: int
     default: 16
+  direct_io:
+    description:
+      - Write parts with O_DIRECT (no page-cache copy, so the fsync has little left to
+        write). Filesystems without O_DIRECT fall back to buffered writes by themselves.
+    type: bool
+    default: true
   min_free_mb:
     description: Free space (MiB) that must remain on the cache filesystem after the download.
     type: int
@@ -265,6 +272,7 @@ TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
 INPLACE_PREFIX = ".inplace-"
 IO_CHUNK = 1024 * 1024
+DIRECT_ALIGN = 4096  # O_DIRECT offsets and lengths: a multiple of the block size
 MiB = 1024 * 1024
 
 REMOTE_FILESYSTEMS = frozenset([
@@ -462,25 +470,25 @@ class _Abort(Exception):
 
 
 class _BufferPool:
-    """A fixed set of part-sized buffers: bounds the memory a transfer holds.
+    """A fixed set of part-sized, page-aligned buffers: bounds the memory a transfer holds.
 
     Buffers are handed out strictly in the order the parts were queued (``seq``).
-    A part keeps its buffer until the hash has passed it, so this order is what
-    guarantees progress: the oldest part holding a buffer is always the next one its
-    file's hash needs, and frees its buffer once it has arrived.
+    A part keeps its buffer until it has been hashed and written, so this order is
+    what guarantees progress: the oldest part holding a buffer is always the next one
+    its file's hash needs, and frees its buffer once it has arrived.
     """
 
     def __init__(self, count: int, size: int):
         self.size = size
         self._free = []
-        self._made = 0
+        self._all = []
         self._count = max(1, count)
         self._next = 0
         self._cond = threading.Condition()
 
-    def get(self, seq: int, failed: threading.Event) -> bytearray:
+    def get(self, seq: int, failed: threading.Event) -> mmap.mmap:
         with self._cond:
-            while seq != self._next or (not self._free and self._made >= self._count):
+            while seq != self._next or (not self._free and len(self._all) >= self._count):
                 if failed.is_set():
                     raise _Abort()
                 self._cond.wait(0.5)
@@ -488,13 +496,23 @@ class _BufferPool:
             self._cond.notify_all()
             if self._free:
                 return self._free.pop()
-            self._made += 1
-        return bytearray(self.size)
+            buf = mmap.mmap(-1, self.size)  # anonymous memory: page-aligned, for O_DIRECT
+            self._all.append(buf)
+            return buf
 
-    def put(self, buf: bytearray) -> None:
+    def put(self, buf: mmap.mmap) -> None:
         with self._cond:
             self._free.append(buf)
             self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            for buf in self._all:
+                try:
+                    buf.close()
+                except BufferError:  # still viewed by a thread that is stopping
+                    pass
+            self._all, self._free = [], []
 
 
 class _FileJob:
@@ -502,33 +520,49 @@ class _FileJob:
 
     Parts arrive in any order (each into its own buffer); the hash advances over the
     bytes in file order, on whichever thread finds the next bytes ready. A part's
-    buffer goes back to the pool once the hash has passed it.
+    buffer goes back to the pool once the part is hashed and written.
     """
 
-    def __init__(self, entry: dict, dest: str, part_size: int):
+    def __init__(self, entry: dict, dest: str, part_size: int, direct: bool):
         self.entry = entry
         self.dest = dest
         self.size = entry["size"]
         self.parts = plan_parts(self.size, part_size)
         self.received = [s for s, _ in self.parts]  # per part: bytes in up to this offset
         self.buffers = [None] * len(self.parts)
+        # per part: what must still happen before its buffer is free (hash [, write])
+        self.holds = [2 if direct else 1] * len(self.parts)
+        # before the file can be finished: the hash, and (direct) every part's write
+        self.pending = 1 + (len(self.parts) if direct else 0)
+        self.want_direct = direct
+        self.direct = False
         self.sha = hashlib.sha256()
         self.hashed = 0  # bytes hashed, from offset 0
         self.lock = threading.Lock()  # guards the fields above
         self.drain_lock = threading.Lock()  # held by the one thread hashing this file
         self.fd = -1
-        self.finishing = False
         self.verified = False  # size and hash checked, data fsynced
         self.closed = False
 
     def open(self) -> int:
-        """The destination's descriptor, created on first use."""
+        """The destination's descriptor, created on first use (O_DIRECT where possible)."""
         with self.lock:
             if self.closed:
                 raise SyncError(f"{self.dest} was used after it was verified")
             if self.fd < 0:
-                self.fd = _create_exclusive(self.dest)
+                self.fd, self.direct = _create_exclusive(self.dest, self.want_direct)
+                if self.want_direct and not self.direct:  # no O_DIRECT here: write as it comes
+                    self.holds = [1] * len(self.parts)
+                    self.pending = 1
             return self.fd
+
+    def release(self, index: int) -> object:
+        """Drop one hold on a part; its buffer when it is free (caller holds lock)."""
+        self.holds[index] -= 1
+        if self.holds[index]:
+            return None
+        buf, self.buffers[index] = self.buffers[index], None
+        return buf
 
     def close(self) -> None:
         with self.lock:
@@ -542,17 +576,20 @@ class Transfer:
     """Fetch files into destinations, verifying the size and SHA-256 of every byte.
 
     ``concurrency`` threads fetch parts of ``part_size`` bytes (ranged GETs) into
-    buffers from a bounded pool, writing each chunk to the destination as it arrives
-    (pwrite). The SHA-256 of each file advances in file order over the buffers, on the
-    fetching threads, so no byte is read back from disk; a file is verified and
-    fsynced as soon as its last byte is hashed, while later files still download.
+    buffers from a bounded pool. The SHA-256 of each file advances in file order over
+    those buffers, on the fetching threads, as the bytes arrive; nothing is read back
+    from disk. Each part is written with O_DIRECT once it is complete (no page-cache
+    copy, no writeback left for the fsync), or, where the filesystem has no O_DIRECT,
+    chunk by chunk as it arrives. A file is checked and fsynced as soon as it is
+    hashed and written, while later files still download.
     """
 
     def __init__(self, source, concurrency: int = 8, part_size: int = 16 * MiB,
-                 buffers: int = 0):
+                 buffers: int = 0, direct_io: bool = True):
         self.source = source
         self.concurrency = max(1, concurrency)
-        self.part_size = max(IO_CHUNK, part_size)
+        self.part_size = max(IO_CHUNK, part_size - part_size % DIRECT_ALIGN)
+        self.direct_io = direct_io
         self.pool = _BufferPool(buffers or 2 * self.concurrency, self.part_size)
         self.bytes_written = 0
         self.bytes_hashed = 0
@@ -576,22 +613,35 @@ class Transfer:
             buf = self.pool.get(seq, self._failed)
             with job.lock:
                 job.buffers[index] = buf
+            view = memoryview(buf)
 
             def on_data(offset: int, data: memoryview) -> None:
                 if self._failed.is_set():
                     raise _Abort()
-                _pwrite_all(fd, data, offset, job.dest)
+                if not job.direct:
+                    _pwrite_all(fd, data, offset, job.dest)
                 with job.lock:
                     job.received[index] = offset + len(data)
                 self._drain(job)
 
-            self.source.fetch(job.entry, start, end, memoryview(buf)[:end - start], on_data)
+            self.source.fetch(job.entry, start, end, view[:end - start], on_data)
             if job.received[index] != end:
                 where = self.source.where(job.entry["path"])
                 raise SyncError(f"short read of {where}: bytes {job.received[index]}-{end - 1} "
                                 "missing")
+            if job.direct:
+                _pwrite_direct(fd, view, start, end - start, job.dest)
             with self._lock:
                 self.bytes_written += end - start
+            if job.direct:
+                with job.lock:
+                    free = job.release(index)
+                    job.pending -= 1
+                    finish = job.pending == 0
+                if free is not None:
+                    self.pool.put(free)
+                if finish:
+                    self._finisher.submit(self._finish, job)
             self._drain(job)
         except _Abort:
             pass
@@ -602,6 +652,7 @@ class Transfer:
     def _drain(self, job: _FileJob) -> None:
         """Hash whatever bytes are ready at the file's hash position, in order."""
         while job.drain_lock.acquire(blocking=False):
+            finish = False
             try:
                 while True:
                     with job.lock:
@@ -614,21 +665,20 @@ class Transfer:
                     if ready <= job.hashed:
                         break
                     job.sha.update(memoryview(buf)[job.hashed - start:ready - start])
+                    free = None
                     with job.lock:
                         job.hashed = ready
-                        done_with_part = ready == end
-                        if done_with_part:
-                            job.buffers[index] = None
-                    if done_with_part:
-                        self.pool.put(buf)
-                with job.lock:  # the one thread that hashes the last byte finishes the file
-                    finished = job.hashed >= job.size and not job.finishing
-                    job.finishing = job.finishing or finished
+                        if ready == end:
+                            free = job.release(index)
+                            if ready == job.size:
+                                job.pending -= 1
+                                finish = job.pending == 0
+                    if free is not None:
+                        self.pool.put(free)
             finally:
                 job.drain_lock.release()
-            if finished:
+            if finish:
                 self._finisher.submit(self._finish, job)
-                return
             if job.hashed >= job.size:
                 return
             # Bytes may have arrived while the lock was being released: look again.
@@ -647,11 +697,16 @@ class Transfer:
             if digest != job.entry["sha256"]:
                 raise SyncError(f"checksum mismatch for {where}: the manifest says sha256 "
                                 f"{job.entry['sha256']}, the bytes received hash to {digest}")
-            os.fsync(job.open())
+            fd = job.open()
+            if job.direct:
+                os.ftruncate(fd, job.size)  # the last block was written padded
+            os.fsync(fd)
             job.close()
             job.verified = True
             with self._lock:
                 self.bytes_hashed += job.size
+        except OSError as exc:
+            self._fail(_os_error(exc, "write", job.dest))
         except BaseException as exc:  # noqa: B036 - re-raised in the caller's thread
             self._fail(exc)
 
@@ -666,13 +721,14 @@ class Transfer:
 
     def run(self, jobs: list) -> None:
         """Fetch every (entry, dest) pair; raises the first failure after all threads stop."""
-        file_jobs = [_FileJob(entry, dest, self.part_size) for entry, dest in jobs]
+        file_jobs = [_FileJob(entry, dest, self.part_size, self.direct_io)
+                     for entry, dest in jobs]
         try:
             with ThreadPoolExecutor(2, "model-sync-fsync") as finisher:
                 self._finisher = finisher
                 for job in file_jobs:
                     if job.size == 0:
-                        job.finishing = True
+                        job.want_direct = False
                         finisher.submit(self._finish, job)
                 with ThreadPoolExecutor(self.concurrency, "model-sync-get") as fetchers:
                     for seq, (job, index) in enumerate(self._order(file_jobs)):
@@ -683,6 +739,7 @@ class Transfer:
             self._finisher = None
             for job in file_jobs:
                 job.close()
+            self.pool.close()
         if self._errors:
             real = [e for e in self._errors if not isinstance(e, _Abort)]
             raise (real or self._errors)[0]
@@ -701,10 +758,38 @@ def _pwrite_all(fd: int, data: memoryview, offset: int, dest: str) -> None:
         raise _os_error(exc, "write", dest) from None
 
 
-def _create_exclusive(path: str) -> int:
+def _pwrite_direct(fd: int, view: memoryview, offset: int, length: int, dest: str) -> None:
+    """Write one part with O_DIRECT: whole blocks, the last one zero-padded."""
+    padded = -(-length // DIRECT_ALIGN) * DIRECT_ALIGN
+    if padded != length:
+        view[length:padded] = bytes(padded - length)
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
-                       0o600)
+        done = os.pwrite(fd, view[:padded], offset)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            raise SyncError(f"cannot write {dest} with O_DIRECT ({exc.strerror}): this "
+                            "filesystem refuses aligned direct writes; set direct_io: false "
+                            "(model_sync_direct_io)") from None
+        raise _os_error(exc, "write", dest) from None
+    if done != padded:
+        raise SyncError(f"short write to {dest}: {done} of {padded} bytes at {offset}")
+
+
+def _create_exclusive(path: str, direct: bool = False) -> tuple:
+    """(descriptor, whether it is O_DIRECT) of a new file, mode 0600."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    o_direct = getattr(os, "O_DIRECT", 0) if direct else 0
+    try:
+        if o_direct:
+            try:
+                return os.open(path, flags | o_direct, 0o600), True
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                # The filesystem has no O_DIRECT (tmpfs, some FUSE): the file may exist now.
+                return os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+                               0o600), False
+        return os.open(path, flags, 0o600), False
     except OSError as exc:
         raise _os_error(exc, "create", path) from None
 
@@ -1191,12 +1276,14 @@ class Syncer:
                     os.link(src, self._dest(entry))
                 except OSError:
                     copies[entry["path"]] = src  # no hard links here: copy it, verified
+            direct_io = bool(self.p.get("direct_io", True))
             transfer = Transfer(self.source, int(self.p.get("concurrency") or 8),
-                                int(self.p.get("part_size_mb") or 16) * MiB)
+                                int(self.p.get("part_size_mb") or 16) * MiB,
+                                direct_io=direct_io)
             transfer.run([(e, self._dest(e)) for e in fetch])
             hashed = transfer.bytes_hashed
             if copies:
-                copier = Transfer(LocalCopySource(copies), 4, 16 * MiB)
+                copier = Transfer(LocalCopySource(copies), 4, 16 * MiB, direct_io=direct_io)
                 copier.run([(e, self._dest(e)) for e, _ in reuse if e["path"] in copies])
                 hashed += copier.bytes_hashed
             self.result["bytes_downloaded"] = transfer.bytes_written
@@ -1320,6 +1407,7 @@ ARGUMENT_SPEC = dict(
     keep_versions=dict(type="int", default=2),
     concurrency=dict(type="int", default=8),
     part_size_mb=dict(type="int", default=16),
+    direct_io=dict(type="bool", default=True),
     min_free_mb=dict(type="int", default=0),
     timeout=dict(type="int", default=60),
     lock_timeout=dict(type="int", default=3600),

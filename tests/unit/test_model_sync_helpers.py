@@ -478,7 +478,8 @@ def test_cache_root_must_exist(tmp_path):
         _sync(tmp_path / "nope", "v1", {"f": b"1"})
 
 
-def test_transfer_stress_many_files_few_buffers(tmp_path):
+@pytest.mark.parametrize("direct_io", [True, False], ids=["o_direct", "buffered"])
+def test_transfer_stress_many_files_few_buffers(tmp_path, direct_io):
     """Parts finish out of order; a pool smaller than the fetchers must not deadlock."""
     import random
 
@@ -503,7 +504,8 @@ def test_transfer_stress_many_files_few_buffers(tmp_path):
         source = Jittery("m", "v1", files)
         dest = tmp_path / f"round{round_}"
         dest.mkdir()
-        transfer = ms.Transfer(source, concurrency=6, part_size=MiB, buffers=2)
+        transfer = ms.Transfer(source, concurrency=6, part_size=MiB, buffers=2,
+                               direct_io=direct_io)
         transfer.run([(e, str(dest / e["path"])) for e in source.manifest["files"]])
         assert transfer.bytes_hashed == sum(map(len, files.values()))
         for rel, data in files.items():
@@ -525,3 +527,30 @@ def test_documentation_matches_the_argument_spec():
         "access_key", "secret_key", "session_token"}
     yaml.safe_load(ms.EXAMPLES)
     assert "manifest_digest" in yaml.safe_load(ms.RETURN)
+
+
+def test_filesystems_without_o_direct_fall_back_to_buffered_writes(tmp_path, monkeypatch):
+    real_open = os.open
+    direct_tries = []
+
+    def no_direct(path, flags, *args):
+        if flags & getattr(os, "O_DIRECT", 0):
+            direct_tries.append(path)
+            real_open(path, flags & ~os.O_DIRECT, *args)  # the file is created, then refused
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(ms.os, "open", no_direct)
+    files = {"a.bin": os.urandom(3 * MiB + 11), "b.txt": b"tail"}
+    r, _ = _sync(tmp_path, "v1", files)
+    assert direct_tries and r["bytes_hashed"] == sum(map(len, files.values()))
+    for rel, data in files.items():
+        assert (tmp_path / "m" / "v1" / rel).read_bytes() == data
+
+
+def test_o_direct_writes_are_truncated_to_the_real_size(tmp_path):
+    files = {"odd.bin": os.urandom(MiB + 1), "tiny": b"x", "exact": os.urandom(8192)}
+    _sync(tmp_path, "v1", files, direct_io=True)
+    for rel, data in files.items():
+        assert (tmp_path / "m" / "v1" / rel).stat().st_size == len(data)
+        assert (tmp_path / "m" / "v1" / rel).read_bytes() == data
