@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 PROMPT = "The load balancer spreads"
-SUCCESS_METRIC = re.compile(r"^vllm:request_success_total\{[^}]*\}\s+([0-9.eE+]+)$", re.M)
+METRIC = re.compile(r"^(vllm:[a-z_]+)\{[^}]*\}\s+([0-9.eE+-]+)$")
 
 
 @dataclass
@@ -127,9 +127,19 @@ def run_load(
     )
 
 
+def metric_sums(lines: Iterable[str]) -> dict[str, float]:
+    """Each vLLM metric's value summed over its label sets (Prometheus text format)."""
+    out: dict[str, float] = {}
+    for line in lines:
+        m = METRIC.match(line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
+
+
 def served_requests(metrics_text: str) -> float:
     """Completed requests from an engine's /metrics (vLLM's request_success_total)."""
-    return sum(float(v) for v in SUCCESS_METRIC.findall(metrics_text))
+    return metric_sums(metrics_text.splitlines()).get("vllm:request_success_total", 0.0)
 
 
 def spread_is_even(counts: dict[str, float], tolerance: float = 0.5) -> bool:

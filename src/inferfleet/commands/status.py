@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import typer
@@ -12,17 +11,7 @@ from rich.table import Table
 
 from inferfleet.commands.common import console, resolve_inventory
 from inferfleet.runner import run_playbook
-
-METRIC = re.compile(r"^(vllm:[a-z_]+)\{[^}]*\}\s+([0-9.eE+-]+)$")
-
-
-def metric_sums(lines: list[str]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in lines:
-        m = METRIC.match(line)
-        if m:
-            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
-    return out
+from inferfleet.verify import metric_sums
 
 
 def reports(events: list[dict]) -> dict[str, dict]:
