@@ -1,6 +1,7 @@
 """The lab's S3 server is real: a tiny model goes up with boto3 and comes back identical."""
 
 import hashlib
+import subprocess
 
 import boto3
 import pytest
@@ -55,3 +56,22 @@ def test_down_removes_what_up_made_and_nothing_else(node_image):
     removed = services.down(name)
     assert len(removed) == 2  # the S3 container and the network
     assert services.down(name) == []
+
+
+def test_up_replaces_an_s3_container_cut_off_from_its_network(node_image):
+    """What a molecule destroy leaves: the network gone, the S3 container still there."""
+    name = "inferfleet-test-cutoff"
+    services.down(name)
+    try:
+        first = services.up(name, node_image)
+        subprocess.run(["docker", "network", "disconnect", "--force", name, first.s3_container],
+                       check=True)
+        again = services.up(name, node_image)
+        listed = boto3.client(
+            "s3", endpoint_url=again.s3_endpoint_host, region_name="us-east-1",
+            aws_access_key_id=services.S3_ACCESS_KEY,
+            aws_secret_access_key=services.S3_SECRET_KEY,
+        ).list_buckets()
+        assert listed["ResponseMetadata"]["HTTPStatusCode"] == 200
+    finally:
+        services.down(name)

@@ -127,6 +127,10 @@ CASES = {
         _inventory(lb={"load_balancer_tls_certificate": "-----BEGIN CERTIFICATE-----\nx\n"}),
         ["load_balancer_tls_certificate", "load_balancer_tls_key", "or neither"],
     ),
+    "retry that replays a request an engine may have died on": (
+        _inventory(lb={"load_balancer_retry_on": ["conn-failure", "empty-response", 503]}),
+        ["load_balancer_retry_on may hold conn-failure and HTTP statuses", "remove empty-response"],
+    ),
     "allowed path not a path": (
         _inventory(lb={"load_balancer_allowed_paths": ["v1/completions"]}),
         ["load_balancer_allowed_paths must list exact paths"],

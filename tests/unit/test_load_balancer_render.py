@@ -228,14 +228,16 @@ def test_haproxy_balancing_health_and_queue(two):
     assert "balance roundrobin" in _section(open_cfg, "backend inferfleet_engines")
 
 
-def test_haproxy_retries_only_connection_failures(two):
+def test_haproxy_retries_only_what_never_reached_the_client(two):
     defaults = _section((two / "haproxy" / "haproxy.cfg").read_text(), "defaults")
-    assert [line for line in defaults if line.startswith("retry-on")] == ["retry-on conn-failure"]
+    assert [line for line in defaults if line.startswith("retry-on")] == [
+        "retry-on conn-failure 500 503"]
     assert "retries 2" in defaults
     assert "option redispatch 1" in defaults
+    assert "option http-buffer-request" in defaults
     text = "\n".join(defaults)
     for risky in ["all-retryable-errors", "empty-response", "response-timeout", "junk-response",
-                  "0rtt-rejected", "retry-on 5", "l7-retries"]:
+                  "0rtt-rejected", "l7-retries"]:
         assert risky not in text
 
 

@@ -1,18 +1,52 @@
 #!/usr/bin/env python3
 """A bounded load through a load balancer, for fault-injection scenarios (test tool).
 
-Runs WORKERS threads sending greedy completions until DURATION seconds have passed or
-STOP_FILE exists, then writes one JSON object to OUT: every request's start and end
-(monotonic-free wall clock, so other hosts' timestamps compare) and its status.
+Runs WORKERS threads sending greedy completions (each pausing PAUSE seconds between
+two, so the machine keeps room for the rest of the test) until DURATION seconds have
+passed or STOP_FILE exists, then writes one JSON object to OUT: every request's start
+and end (wall clock, so other hosts' timestamps compare) and its status.
+
+With --probe NAME=URL it also polls URL every 0.25 s and, with --haproxy-socket, the
+state of every HAProxy server, and records each change as an event {t, what, state}:
+the moments an engine stopped answering and HAProxy took it out or back, measured here
+rather than by the slower test driver.
 """
 
 import argparse
 import json
 import os
+import socket
 import threading
 import time
 import urllib.error
 import urllib.request
+
+POLL = 0.25
+
+
+def health(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return str(resp.status)
+    except urllib.error.HTTPError as err:
+        return str(err.code)
+    except OSError:
+        return "down"
+
+
+def haproxy_states(path: str) -> dict:
+    """Server name -> status (UP, DOWN, DRAIN, MAINT ...) from `show stat`."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(2)
+        sock.connect(path)
+        sock.sendall(b"show stat -1 4 -1\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    lines = data.decode().splitlines()
+    header = lines[0].lstrip("# ").split(",")
+    rows = [dict(zip(header, line.split(","))) for line in lines[1:] if line]
+    return {row["svname"]: row["status"] for row in rows}
 
 
 def main() -> None:
@@ -20,19 +54,25 @@ def main() -> None:
     p.add_argument("url")
     p.add_argument("--model", required=True)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--pause", type=float, default=0.0)
     p.add_argument("--duration", type=float, default=300)
     p.add_argument("--stop-file", default="/tmp/load_loop.stop")
     p.add_argument("--out", default="/tmp/load_loop.json")
     p.add_argument("--key-env", default="LB_KEY")
+    p.add_argument("--probe", action="append", default=[], metavar="NAME=URL")
+    p.add_argument("--haproxy-socket")
     args = p.parse_args()
     key = os.environ.get(args.key_env, "")
     body = json.dumps({"model": args.model, "prompt": "The fleet", "max_tokens": 8,
                        "temperature": 0}).encode()
     deadline = time.time() + args.duration
-    results, lock = [], threading.Lock()
+    results, events, lock = [], [], threading.Lock()
+
+    def running() -> bool:
+        return time.time() < deadline and not os.path.exists(args.stop_file)
 
     def worker() -> None:
-        while time.time() < deadline and not os.path.exists(args.stop_file):
+        while running():
             req = urllib.request.Request(args.url, data=body, headers={
                 "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
             start = time.time()
@@ -46,14 +86,35 @@ def main() -> None:
                 status = f"error: {err}"
             with lock:
                 results.append({"start": start, "end": time.time(), "status": status})
+            time.sleep(args.pause)
+
+    def watcher() -> None:
+        probes = dict(item.split("=", 1) for item in args.probe)
+        last = {}
+        while running():
+            now = time.time()
+            seen = {f"health:{name}": health(url) for name, url in probes.items()}
+            if args.haproxy_socket:
+                try:
+                    states = haproxy_states(args.haproxy_socket)
+                except OSError as err:
+                    states = {"socket": f"error: {err}"}
+                seen.update({f"haproxy:{name}": state for name, state in states.items()})
+            for what, state in seen.items():
+                if last.get(what) != state:
+                    events.append({"t": now, "what": what, "state": state})
+                    last[what] = state
+            time.sleep(POLL)
 
     threads = [threading.Thread(target=worker) for _ in range(args.workers)]
+    if args.probe or args.haproxy_socket:
+        threads.append(threading.Thread(target=watcher))
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     with open(args.out, "w") as f:
-        json.dump({"requests": results}, f)
+        json.dump({"requests": results, "events": events}, f)
 
 
 if __name__ == "__main__":

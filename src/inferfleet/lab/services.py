@@ -50,6 +50,16 @@ def _exists(kind: str, name: str) -> bool:
     return subprocess.run(["docker", kind, "inspect", name], capture_output=True).returncode == 0
 
 
+def _running_on(container: str, network: str) -> bool:
+    state = _docker(
+        "inspect",
+        "-f",
+        "{{.State.Running}}{{range $net, $_ := .NetworkSettings.Networks}} {{$net}}{{end}}",
+        container,
+    ).split()
+    return state[0] == "true" and network in state[1:]
+
+
 def ensure_network(name: str) -> None:
     if not _exists("network", name):
         _docker("network", "create", "--label", f"{LABEL}={name}", name)
@@ -72,6 +82,9 @@ def _s3_config(access_key: str, secret_key: str) -> str:
 def ensure_s3(name: str, network: str, image: str) -> tuple[str, str]:
     """Start (or reuse) the SeaweedFS container; return (node endpoint, host endpoint)."""
     container = f"{name}-s3"
+    if _exists("container", container) and not _running_on(container, network):
+        # Left behind stopped, or its network was removed under it: start afresh.
+        _docker("rm", "--force", container)
     if not _exists("container", container):
         _docker(
             "run",

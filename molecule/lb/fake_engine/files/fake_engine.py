@@ -4,7 +4,9 @@
 Answers like the real engine where the load balancer cares: GET /health is 200 (503
 while /run/fake-engine-loading exists: "the model is still loading"), /v1/* needs the
 engine's own key when one is set, /v1/completions names the host that served it and can
-stream, and /tokenize exists (the load balancer must refuse it).
+stream, and /tokenize exists (the load balancer must refuse it). While
+/run/fake-engine-stopping exists it answers completions with 500 and /health with 200,
+as vLLM does during its graceful shutdown.
 """
 
 import argparse
@@ -14,6 +16,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOADING_FLAG = "/run/fake-engine-loading"
+STOPPING_FLAG = "/run/fake-engine-stopping"
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -68,7 +71,10 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path in ("/v1/completions", "/v1/chat/completions"):
             if not self._authorized():
                 return
-            if body.get("stream"):
+            if os.path.exists(STOPPING_FLAG):
+                self._json(500, {"error": {"message": "cannot schedule new futures after shutdown",
+                                           "code": 500}})
+            elif body.get("stream"):
                 self._stream(int(body.get("chunks", 4)), float(body.get("interval", 0.5)))
             else:
                 self._json(200, {"object": "text_completion", "served_by": self.name,
