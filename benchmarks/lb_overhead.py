@@ -67,14 +67,19 @@ def main() -> None:
         )
 
     direct = measure(first.base, fleet.engine_key)
+    # Both first: a server put back from maintenance ramps up over `slowstart`, which
+    # would be measured as queueing.
+    both = measure(fleet.balancers[0], fleet.api_key)
     set_state(lb_container, second.host, "maint")
     try:
         one = measure(fleet.balancers[0], fleet.api_key)
     finally:
         set_state(lb_container, second.host, "ready")
-    both = measure(fleet.balancers[0], fleet.api_key)
 
-    print(f"cores on this machine: {os.cpu_count()} (the lab's engines share them)")
+    print(
+        f"cores on this machine: {os.cpu_count()}; each engine's worker is pinned to one, its"
+        " API server and engine core, HAProxy and this client share them"
+    )
     print(f"{'':34} {'sent':>5} {'failed':>6} {'p50 ms':>9} {'p99 ms':>9} {'req/s':>8}")
     print(row("(a) one engine, direct", direct))
     print(row("(b) HAProxy, one backend", one))

@@ -8,6 +8,7 @@ the inventory, 130 cancelled (Ctrl-C).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
 import os
 import re
@@ -99,6 +100,8 @@ class Progress:
             self.count(host, "changed" if changed else "ok")
             if changed:
                 self.console.print(f"    [yellow]changed[/] {host}")
+                for line in diff_lines(data.get("res", {})):
+                    self.console.print(f"      {line}", markup=False, highlight=False)
         elif kind == "runner_on_skipped":
             self.count(host, "skipped")
         elif kind in ("runner_on_failed", "runner_on_unreachable"):
@@ -112,6 +115,27 @@ class Progress:
             if "preflight" in data.get("play", "").lower():
                 self.preflight_failed = True
         return True
+
+
+def diff_lines(res: dict) -> list[str]:
+    """A task result's --diff as unified diff lines (no_log results carry none)."""
+    diffs = []
+    for part in [res] + list(res.get("results") or []):
+        found = part.get("diff") if isinstance(part, dict) else None
+        diffs += found if isinstance(found, list) else [found] if found else []
+    lines = []
+    for d in diffs:
+        if d.get("prepared"):
+            lines += str(d["prepared"]).splitlines()
+        elif "before" in d or "after" in d:
+            lines += difflib.unified_diff(
+                str(d.get("before", "")).splitlines(),
+                str(d.get("after", "")).splitlines(),
+                str(d.get("before_header", "before")),
+                str(d.get("after_header", "after")),
+                lineterm="",
+            )
+    return lines
 
 
 def exit_code(status: str, stats: dict, progress: Progress, cancelled: bool) -> int:

@@ -127,3 +127,32 @@ def test_only_allowed_environment_reaches_the_playbook(monkeypatch):
     import os
 
     assert os.environ["GITHUB_TOKEN"] == "should-not-pass"
+
+
+def test_diff_lines_render_file_diffs_and_prepared_text():
+    res = {
+        "changed": True,
+        "diff": {
+            "before": "a\nmax 8\n",
+            "after": "a\nmax 4\n",
+            "before_header": "/etc/x.conf",
+            "after_header": "new",
+        },
+        "results": [{"diff": [{"prepared": "+ package foo"}]}, {"censored": "hidden"}],
+    }
+    lines = runner.diff_lines(res)
+    assert lines[:2] == ["--- /etc/x.conf", "+++ new"]
+    assert "-max 8" in lines and "+max 4" in lines
+    assert lines[-1] == "+ package foo"
+    assert runner.diff_lines({"censored": "the output has been hidden"}) == []
+
+
+def test_status_shows_each_load_balancers_view_of_an_instance():
+    from inferfleet.commands.status import lb_view
+
+    balancers = {
+        "lb2": {"kind": "nginx", "backends": {}},
+        "lb1": {"kind": "haproxy", "backends": {"node1": "UP", "node2": "DOWN"}},
+    }
+    assert lb_view(balancers, "node2") == "lb1: DOWN, lb2: passive"
+    assert lb_view(balancers, "node9") == "lb1: unknown, lb2: passive"

@@ -14,26 +14,38 @@ from inferfleet.runner import run_playbook
 from inferfleet.verify import metric_sums
 
 
-def reports(events: list[dict]) -> dict[str, dict]:
-    """Each host's `Report` task message, from the run's events."""
+def reports(events: list[dict], task: str = "Report") -> dict[str, dict]:
+    """Each host's message from the task named `task`, from the run's events."""
     out = {}
     for event in events:
         data = event.get("event_data", {})
-        if event.get("event") == "runner_on_ok" and data.get("task") == "Report":
+        if event.get("event") == "runner_on_ok" and data.get("task") == task:
             out[data["host"]] = data["res"]["msg"]
     return out
+
+
+def lb_view(balancers: dict[str, dict], instance: str) -> str:
+    """`lb: STATE` for every load balancer: HAProxy's server state, or what Nginx cannot tell."""
+    views = []
+    for lb, msg in sorted(balancers.items()):
+        if msg.get("kind") == "nginx":
+            views.append(f"{lb}: passive")
+        else:
+            views.append(f"{lb}: {(msg.get('backends') or {}).get(instance, 'unknown')}")
+    return ", ".join(views)
 
 
 def status(
     inventory: Path | None = typer.Option(None, "-i", "--inventory", help="Inventory path."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
-    """Engine state, model version and digest, and load per node."""
+    """Engine state, model version and digest, load, and each LB's view, per node."""
     quiet = Console(quiet=True)
     result = run_playbook(
         "status", "status.yml", resolve_inventory(inventory), console=quiet, keep_events=True
     )
     nodes = reports(result.events)
+    balancers = reports(result.events, "Report backends")
     rows = []
     for host, msg in sorted(
         nodes.items(), key=lambda kv: (kv[1]["instance"]["instance"], kv[1]["instance"]["rank"])
@@ -52,6 +64,10 @@ def status(
                 "running": m.get("vllm:num_requests_running", 0.0),
                 "waiting": m.get("vllm:num_requests_waiting", 0.0),
                 "served": m.get("vllm:request_success_total", 0.0),
+                # Only rank 0 of an instance is a backend.
+                "lb": lb_view(balancers, msg["instance"]["instance"])
+                if msg["instance"]["rank"] == 0
+                else "",
             }
         )
     if as_json:
@@ -70,6 +86,7 @@ def status(
             "running",
             "waiting",
             "served",
+            "load balancer",
         ):
             table.add_column(col)
         for r in rows:
@@ -85,6 +102,7 @@ def status(
                 f"{r['running']:.0f}",
                 f"{r['waiting']:.0f}",
                 f"{r['served']:.0f}",
+                r["lb"],
             )
         console.print(table)
         for failure in result.failures:
