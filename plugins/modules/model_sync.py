@@ -123,6 +123,13 @@ options:
     description: Previous versions kept besides the current one; older ones are removed.
     type: int
     default: 2
+  activate:
+    description:
+      - Switch C(current) to this version once it is complete. With C(false) the version
+        is only fetched and verified (a rolling update's pre-fetch while the old version
+        serves); C(current) and the other versions are left alone, nothing is pruned.
+    type: bool
+    default: true
   concurrency:
     description: Parallel ranged GETs (or reads, for a path source).
     type: int
@@ -1203,14 +1210,21 @@ class Syncer:
         self.diff = {"before": diff_text(previous, previous_manifest),
                      "after": diff_text(self.version, manifest),
                      "before_header": cache.current_link, "after_header": cache.current_link}
+        activate = self.p.get("activate", True)
+        if not activate:  # only the version's own folder may change
+            self.diff = {"before": diff_text(self.version, manifest) if complete else "",
+                         "after": diff_text(self.version, manifest),
+                         "before_header": cache.version_path(self.version),
+                         "after_header": cache.version_path(self.version)}
 
         if not complete:
             fetch, reuse = self._plan(manifest)
             self.result["files_fetched"] = [f["path"] for f in fetch]
             self.result["bytes_reused"] = sum(f["size"] for f, _ in reuse)
             self._check_space(fetch)
-        prune = self._prune_plan()
-        self.result["changed"] = (not complete) or previous != self.version or bool(prune)
+        prune = self._prune_plan() if activate else []
+        self.result["changed"] = ((not complete) or (activate and previous != self.version)
+                                  or bool(prune))
         if self.check_mode:
             self.result["pruned"] = prune
             return
@@ -1233,12 +1247,12 @@ class Syncer:
             else:
                 self._fetch_version(manifest)
                 changed = True
-            if cache.current_version() != self.version:
+            if activate and cache.current_version() != self.version:
                 cache.touch_marker(self.version)
                 cache.activate(self.version)
                 changed = True
             self.result["in_place"] = os.path.islink(cache.version_path(self.version))
-            self.result["pruned"] = self._prune()
+            self.result["pruned"] = self._prune() if activate else []
             self.result["changed"] = changed or bool(self.result["pruned"])
         finally:
             cache.unlock()
@@ -1405,6 +1419,7 @@ ARGUMENT_SPEC = dict(
     use_in_place=dict(type="bool", default=False),
     manifest_digest=dict(type="str"),
     keep_versions=dict(type="int", default=2),
+    activate=dict(type="bool", default=True),
     concurrency=dict(type="int", default=8),
     part_size_mb=dict(type="int", default=16),
     direct_io=dict(type="bool", default=True),

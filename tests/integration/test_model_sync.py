@@ -453,3 +453,27 @@ def test_unwritable_cache_fails_and_leaves_current(s3, tmp_path, model_name, sma
     assert current(small_tmpfs, model_name) == "v1"
     assert not (small_tmpfs / model_name / "v2").exists() and not leftovers(small_tmpfs,
                                                                             model_name)
+
+
+def test_prefetch_leaves_current_then_activation_is_a_flip(s3, tmp_path, model_name):
+    v1, v2 = model_files(5), model_files(6)
+    publish_version(s3, tmp_path, model_name, "v1", v1)
+    publish_version(s3, tmp_path, model_name, "v2", v2)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    model_sync(tmp_path, sync_args(s3, model_name, "v1", cache, keep_versions=0))
+
+    r = model_sync(tmp_path, sync_args(s3, model_name, "v2", cache, keep_versions=0,
+                                       activate=False))
+    assert r["changed"] and r["bytes_downloaded"] > 0 and r["pruned"] == []
+    assert current(cache, model_name) == "v1"  # the old version still serves
+    assert_same_files(cache / model_name / "v1", v1)
+    assert_same_files(cache / model_name / "v2", v2)
+
+    again = model_sync(tmp_path, sync_args(s3, model_name, "v2", cache, keep_versions=0,
+                                           activate=False))
+    assert not again["changed"]
+
+    flip = model_sync(tmp_path, sync_args(s3, model_name, "v2", cache, keep_versions=0))
+    assert flip["changed"] and flip["bytes_downloaded"] == 0
+    assert current(cache, model_name) == "v2" and flip["pruned"] == ["v1"]
