@@ -1,0 +1,68 @@
+"""The operator's path on the real lab: `lab up` -> `status` -> `verify` -> `lab down`.
+
+Two vLLM CPU engines behind HAProxy, deployed by site.yml through the CLI; afterwards
+nothing the lab made is left (containers, networks, generated inventory files).
+"""
+
+import json
+import subprocess
+import time
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+GENERATED = ["host_vars/inferfleet-lab-node1.yml", "group_vars/all/secrets.yml"]
+
+
+def _cli(venv_bin, repo_root, *args, timeout=1200):
+    return subprocess.run(
+        [venv_bin / "inferfleet", *args],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _labelled(kind: str) -> list[str]:
+    done = subprocess.run(
+        ["docker", kind, "ls", "-q", "--filter", "label=inferfleet.lab=inferfleet-lab"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.split()
+
+
+def test_lab_up_status_verify_down(node_image, wheelhouse, repo_root, venv_bin):
+    inventory = repo_root / "inventories" / "lab"
+    try:
+        up = _cli(venv_bin, repo_root, "lab", "up")
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-2000:]
+        assert "curl -s http://" in up.stdout and "Authorization: Bearer sk-lab-" in up.stdout
+
+        status = _cli(venv_bin, repo_root, "status", "--json", timeout=300)
+        assert status.returncode == 0, status.stdout + status.stderr
+        nodes = json.loads(status.stdout)["nodes"]
+        assert sorted(n["host"] for n in nodes) == [
+            "inferfleet-lab-node1",
+            "inferfleet-lab-node2",
+        ]
+        for node in nodes:
+            assert node["unit"] == "active" and node["healthy"], node
+            assert node["model_version"] == "v1" and node["manifest_digest"].startswith("sha256:")
+            assert node["engine_version"], node
+            assert node["lb"] == "inferfleet-lab-lb: UP", node
+        assert len({n["manifest_digest"] for n in nodes}) == 1
+
+        time.sleep(10)  # past the lab's slow start (load_balancer_slowstart: 10s)
+        verify = _cli(venv_bin, repo_root, "verify", "--json", "--count", "24", timeout=600)
+        report = json.loads(verify.stdout)
+        assert verify.returncode == 0 and report["ok"], verify.stdout + verify.stderr
+        assert report["load"]["sent"] == 24 and report["load"]["failed"] == 0
+    finally:
+        down = _cli(venv_bin, repo_root, "lab", "down", timeout=300)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert _labelled("container") == [] and _labelled("network") == []
+    assert [g for g in GENERATED if (inventory / g).exists()] == []
