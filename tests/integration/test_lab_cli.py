@@ -57,10 +57,10 @@ def test_lab_up_status_verify_down(node_image, wheelhouse, repo_root, venv_bin):
         assert len({n["manifest_digest"] for n in nodes}) == 1
 
         time.sleep(10)  # past the lab's slow start (load_balancer_slowstart: 10s)
-        verify = _cli(venv_bin, repo_root, "verify", "--json", "--count", "24", timeout=600)
+        verify = _cli(venv_bin, repo_root, "verify", "--json", "--count", "48", timeout=600)
         report = json.loads(verify.stdout)
         assert verify.returncode == 0 and report["ok"], verify.stdout + verify.stderr
-        assert report["load"]["sent"] == 24 and report["load"]["failed"] == 0
+        assert report["load"]["sent"] == 48 and report["load"]["failed"] == 0
     finally:
         down = _cli(venv_bin, repo_root, "lab", "down", timeout=300)
     assert down.returncode == 0, down.stdout + down.stderr
