@@ -1,0 +1,103 @@
+"""The engine role's readiness wait (roles/inference_engine/files/wait_ready.py) against a
+real HTTP server; systemd cannot run here, so a fake `systemctl` on PATH plays the unit
+(its state comes from a file the test writes)."""
+
+import http.server
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parents[2] / "roles/inference_engine/files/wait_ready.py"
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo called >> "$FAKE_UNIT_STATE.calls"
+cat "$FAKE_UNIT_STATE"
+"""
+
+
+@pytest.fixture
+def health_server():
+    status = {"code": 503}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(status["code"])
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/health", status
+    server.shutdown()
+
+
+def run(tmp_path, url, unit_state, timeout=3, during=None):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "systemctl"
+    fake.write_text(FAKE_SYSTEMCTL)
+    fake.chmod(0o755)
+    state = tmp_path / "unit"
+    state.write_text(unit_state)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            SCRIPT,
+            "--url",
+            url,
+            "--unit",
+            "engine",
+            "--timeout",
+            str(timeout),
+            "--interval",
+            "0.1",
+        ],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_UNIT_STATE": str(state)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    if during:
+        during(state)
+    out, _ = proc.communicate(timeout=30)
+    return proc.returncode, out
+
+
+STARTING = "NRestarts=0\nActiveState=activating\nSubState=start\n"
+
+
+def test_healthy_engine_passes(tmp_path, health_server):
+    url, status = health_server
+    status["code"] = 200
+    rc, out = run(tmp_path, url, STARTING)
+    assert rc == 0 and out.startswith("healthy after")
+
+
+def test_engine_that_systemd_restarts_fails_at_once(tmp_path, health_server):
+    url, _ = health_server
+
+    def crash(state):
+        calls = Path(f"{state}.calls")
+        while not calls.exists():  # the script has read the state it starts from
+            time.sleep(0.01)
+        state.write_text("NRestarts=1\nActiveState=activating\nSubState=auto-restart\n")
+
+    rc, out = run(tmp_path, url, STARTING, timeout=60, during=crash)
+    assert rc == 2 and "engine exited" in out and "restarts=1" in out
+
+
+def test_failed_unit_fails_at_once(tmp_path, health_server):
+    url, _ = health_server
+    rc, out = run(tmp_path, url, "NRestarts=0\nActiveState=failed\nSubState=failed\n", timeout=60)
+    assert rc == 2 and "ActiveState=failed" in out
+
+
+def test_slow_engine_times_out(tmp_path, health_server):
+    url, _ = health_server
+    rc, out = run(tmp_path, url, STARTING, timeout=1)
+    assert rc == 1 and "did not answer 200 within 1 s" in out
