@@ -26,6 +26,11 @@ def resolve_inventory(inventory: Path | None) -> Path:
     if not path.exists():
         hint = "run `inferfleet lab up` first" if inventory is None else "check the -i path"
         fail(f"inventory {path} does not exist: {hint}")
+    if (
+        path.resolve() == LAB_INVENTORY.resolve()
+        and not (path / "group_vars" / "all" / "secrets.yml").exists()
+    ):
+        fail("the lab is not up (no generated keys in inventories/lab): run `inferfleet lab up`")
     return path
 
 

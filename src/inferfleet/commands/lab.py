@@ -4,6 +4,7 @@ and a real deployment of it with site.yml: two vLLM replicas behind HAProxy."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -74,6 +75,29 @@ def up(deploy: bool = typer.Option(True, help="Run site.yml once the hosts are u
         soft_wrap=True,
         highlight=False,
     )
+
+
+@app.command()
+def publish(
+    version: str = typer.Argument(..., help="The new version's name, e.g. v2."),
+    seed: int = typer.Option(2, help="Weights seed: another seed gives other greedy answers."),
+) -> None:
+    """Publish another version of the lab's tiny model (to try `inferfleet rollout`)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}", version) or version == "current":
+        fail(f"version {version!r}: use letters, digits, '.', '_', '+' or '-' (not 'current')")
+    if not any(name == f"{LAB_NAME}-s3" for name, _ in services.containers(LAB_NAME)):
+        fail("the lab is not up: run `inferfleet lab up` first")
+    lab = services.up(LAB_NAME, ensure_node_image(log=console.print))
+    settings = lab_vars()
+    bucket, prefix = settings["model_sync_s3_bucket"], settings["model_sync_s3_prefix"]
+    name = settings["inferfleet_model_name"]
+    where = f"s3://{bucket}/{prefix}/{name}/{version}"
+    if services.publish_tiny(lab, bucket, prefix, name, version, seed=seed, workdir=CACHE):
+        console.print(
+            f"published {where}; roll it out with `inferfleet rollout --version {version}`"
+        )
+    else:
+        console.print(f"{where} is already published (versions are immutable)")
 
 
 @app.command()

@@ -157,10 +157,21 @@ def containers(name: str) -> list[tuple[str, str]]:
 
 
 def publish_tiny(
-    lab: LabServices, bucket: str, prefix: str, name: str, version: str, seed: int, workdir: Path
+    lab: LabServices,
+    bucket: str,
+    prefix: str,
+    name: str,
+    version: str,
+    seed: int,
+    workdir: Path,
+    broken: bool = False,
 ) -> bool:
     """Generate the tiny model for `seed` and publish it once (versions are immutable).
-    Return whether it was published now (False: it already was)."""
+    Return whether it was published now (False: it already was).
+
+    `broken`: a config that does not match the weights (twice the MLP width), with a
+    correct manifest: it syncs and verifies, and the engine refuses to load it. This is
+    what a bad conversion looks like to a rolling update."""
     from inferfleet.lab.tinymodel import generate
     from inferfleet.publish import make_client, publish
 
@@ -179,13 +190,18 @@ def publish_tiny(
     except client.exceptions.ClientError:
         pass
     model = generate(workdir / name / version, seed=seed)
+    if broken:
+        config = json.loads((model / "config.json").read_text())
+        config["intermediate_size"] *= 2
+        (model / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     publish(model, f"s3://{bucket}/{prefix}/{name}/{version}", client=client)
     return True
 
 
 def main(argv: list[str] | None = None) -> None:
     """python -m inferfleet.lab.services up NAME [--publish BUCKET/PREFIX/MODEL/VERSION:SEED]
-    | down NAME  (used by the molecule scenarios' prepare and cleanup steps)"""
+    | down NAME  (used by the molecule scenarios' prepare and cleanup steps); SEED may end
+    in `:broken` (see publish_tiny)."""
     import argparse
     import tempfile
 
@@ -195,7 +211,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("name")
     parser.add_argument(
-        "--publish", action="append", default=[], metavar="BUCKET/PREFIX/MODEL/VERSION:SEED"
+        "--publish",
+        action="append",
+        default=[],
+        metavar="BUCKET/PREFIX/MODEL/VERSION:SEED[:broken]",
     )
     args = parser.parse_args(argv)
     if args.action == "down":
@@ -204,9 +223,10 @@ def main(argv: list[str] | None = None) -> None:
     lab = up(args.name, ensure_node_image())
     with tempfile.TemporaryDirectory() as work:
         for spec in args.publish:
-            location, seed = spec.rsplit(":", 1)
+            location, seed, *flags = spec.split(":")
             bucket, prefix, model, version = location.split("/")
-            publish_tiny(lab, bucket, prefix, model, version, int(seed), Path(work))
+            broken = flags == ["broken"]
+            publish_tiny(lab, bucket, prefix, model, version, int(seed), Path(work), broken)
     print(json.dumps(asdict(lab), indent=2))
 
 
