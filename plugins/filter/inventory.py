@@ -28,10 +28,16 @@ def _serving(hosts, hostvars):
     return serving_nodes(_instances(hosts, hostvars))
 
 
+def _balancers(hosts, hostvars, kind):
+    """The load balancer hosts running `kind` (load_balancer_kind, default haproxy)."""
+    return [h for h in hosts if hostvars[h].get("load_balancer_kind", "haproxy") == kind]
+
+
 class FilterModule:
     def filters(self):
         return {
             "inferfleet_instances": _instances,
             "inferfleet_rank": _rank,
             "inferfleet_serving_nodes": _serving,
+            "inferfleet_balancers": _balancers,
         }

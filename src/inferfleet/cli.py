@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from inferfleet.commands import deploy, lab, model, plan, status, verify
+from inferfleet.commands import deploy, lab, model, plan, rollout, status, verify
 
 app = typer.Typer(
     help="Provision and operate LLM inference fleets (vLLM behind HAProxy/Nginx).",
@@ -17,6 +17,8 @@ app.command("plan")(plan.plan_command)
 app.command("deploy")(deploy.deploy)
 app.command("status")(status.status)
 app.command("verify")(verify.verify)
+app.command("rollout")(rollout.rollout)
+app.command("rollback")(rollout.rollback)
 
 if __name__ == "__main__":
     app()

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.lab
 # gpu_host passes on its own (6 min) but failed once in a full run, cause not yet
 # found; monitoring passes on its own (10 min). Both stay out of CI until they are
 # reliable and the run has room: `molecule test -s gpu_host` / `-s monitoring`.
-SCENARIOS = ["default", "lb", "engine", "replicated"]
+SCENARIOS = ["default", "lb", "engine", "rolling"]
 
 
 def failures(log: str) -> str:

@@ -156,3 +156,61 @@ def test_status_shows_each_load_balancers_view_of_an_instance():
     }
     assert lb_view(balancers, "node2") == "lb1: DOWN, lb2: passive"
     assert lb_view(balancers, "node9") == "lb1: unknown, lb2: passive"
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["rollout", "--serial", "0"], "roll at least one instance per batch"),
+        (["rollback", "--max-fail-percentage", "150"], "give a percentage, 0 to 100"),
+    ],
+)
+def test_rollout_batch_options_are_checked_before_any_run(tmp_path, runs_dir, args, words):
+    result = cli.invoke(app, [*args, "-i", str(inventory(tmp_path, {}))])
+    assert result.exit_code == 1 and words in result.output
+    assert not runs_dir.exists()
+
+
+@pytest.mark.parametrize(
+    "command, playbook",
+    [
+        (["rollout", "--version", "v2", "--serial", "2"], "rolling_update.yml"),
+        (["rollback"], "rollback.yml"),
+    ],
+)
+def test_rollout_and_rollback_run_their_playbook_and_record_the_batch(
+    tmp_path, runs_dir, command, playbook
+):
+    inv = inventory(
+        tmp_path,
+        {
+            "inferfleet_accelerator": "tpu",
+            "inferfleet_model_name": "m",
+            "inferfleet_model_version": "v1",
+        },
+    )
+    result = cli.invoke(app, [*command, "-i", str(inv)])
+    assert result.exit_code == 4, result.output
+    (record,) = [json.loads(p.read_text()) for p in runs_dir.glob("*/record.json")]
+    assert record["command"] == command[0] and record["playbook"] == playbook
+    assert record["extra_vars"]["rollout_serial"] == (2 if "--serial" in command else 1)
+    assert record["extra_vars"]["rollout_max_fail_percentage"] == 0
+    if "--version" in command:
+        assert record["extra_vars"]["inferfleet_model_version"] == "v2"
+
+
+@pytest.mark.parametrize("version", ["current", "v/2", "_v2", ""])
+def test_lab_publish_refuses_a_version_name_model_sync_would_refuse(version):
+    result = cli.invoke(app, ["lab", "publish", version])
+    assert result.exit_code == 1 and "use letters, digits" in result.output
+
+
+def test_lab_commands_without_the_lab_say_to_bring_it_up(tmp_path, monkeypatch):
+    from inferfleet.commands import common
+
+    lab = inventory(tmp_path, {})  # the lab's inventory as committed: no generated keys
+    monkeypatch.setattr(common, "LAB_INVENTORY", lab)
+    for command in (["status"], ["verify"], ["rollback"], ["deploy"]):
+        result = cli.invoke(app, command)
+        assert result.exit_code == 1, (command, result.output)
+        assert "the lab is not up" in result.output and "inferfleet lab up" in result.output

@@ -14,8 +14,9 @@ import pytest
 SCRIPT = Path(__file__).parents[2] / "roles/inference_engine/files/wait_ready.py"
 
 FAKE_SYSTEMCTL = """#!/bin/sh
-echo called >> "$FAKE_UNIT_STATE.calls"
-cat "$FAKE_UNIT_STATE"
+echo "$@" >> "$FAKE_UNIT_STATE.calls"
+[ "$1" = show ] && cat "$FAKE_UNIT_STATE"
+exit 0
 """
 
 
@@ -89,6 +90,16 @@ def test_engine_that_systemd_restarts_fails_at_once(tmp_path, health_server):
 
     rc, out = run(tmp_path, url, STARTING, timeout=60, during=crash)
     assert rc == 2 and "engine exited" in out and "restarts=1" in out
+    # stopped, so that systemd does not start it again only for it to crash again
+    assert (tmp_path / "unit.calls").read_text().splitlines()[-1] == "stop engine"
+
+
+def test_engine_waiting_to_be_restarted_counts_as_exited(tmp_path, health_server):
+    url, _ = health_server
+    rc, out = run(
+        tmp_path, url, "NRestarts=0\nActiveState=activating\nSubState=auto-restart\n", timeout=60
+    )
+    assert rc == 2 and "SubState=auto-restart" in out
 
 
 def test_failed_unit_fails_at_once(tmp_path, health_server):
@@ -101,3 +112,4 @@ def test_slow_engine_times_out(tmp_path, health_server):
     url, _ = health_server
     rc, out = run(tmp_path, url, STARTING, timeout=1)
     assert rc == 1 and "did not answer 200 within 1 s" in out
+    assert "stop" not in (tmp_path / "unit.calls").read_text()

@@ -3,8 +3,9 @@
 says the engine exited (a crash at start-up, e.g. weights that do not fit the config):
 systemd restarting it again and again would otherwise look like a slow start.
 
-Exit 0: healthy. 1: not healthy within --timeout. 2: the engine exited (restarted by
-systemd, or the unit failed/stopped). Prints one line saying which.
+Exit 0: healthy. 1: not healthy within --timeout. 2: the engine exited (systemd is
+about to restart it, or did, or the unit failed/stopped); the unit is then stopped so
+that it does not crash again and again. Prints one line saying which.
 """
 
 import argparse
@@ -48,15 +49,21 @@ def main() -> int:
             print(f"healthy after {time.monotonic() - started:.0f} s")
             return 0
         state = unit_state(args.unit)
-        if int(state.get("NRestarts", "0") or 0) > restarts or state.get("ActiveState") in {
-            "failed",
-            "inactive",
-        }:
+        exited = (
+            int(state.get("NRestarts", "0") or 0) > restarts
+            or state.get("SubState") == "auto-restart"
+            or state.get("ActiveState") in {"failed", "inactive"}
+        )
+        if exited:
             print(
                 f"{args.unit} exited after {time.monotonic() - started:.0f} s "
                 f"(ActiveState={state.get('ActiveState')}, SubState={state.get('SubState')}, "
-                f"restarts={state.get('NRestarts')})"
+                f"restarts={state.get('NRestarts')}); stopped it rather than let systemd "
+                "start it again"
             )
+            # Another start would fail the same way, and killing an engine in the middle
+            # of loading is slow; whoever fixes the cause starts it again.
+            subprocess.run(["systemctl", "stop", args.unit], check=False)
             return 2
         if time.monotonic() - started > args.timeout:
             print(f"/health did not answer 200 within {args.timeout:.0f} s")
