@@ -31,6 +31,7 @@ class Fleet:
     nodes: list[Node]
     balancers: list[str]  # base URLs of the public listeners
     admin: list[str]  # base URLs of the load balancers' admin listeners
+    balance: str = "leastconn"  # the load balancers' algorithm (load_balancer_balance)
 
     @property
     def serving(self) -> list[Node]:
@@ -86,4 +87,5 @@ def load(inventory: Path) -> Fleet:
         nodes=nodes,
         balancers=balancers,
         admin=admin,
+        balance=str(lb_vars.get("load_balancer_balance", "leastconn")),
     )

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 PROMPT = "The load balancer spreads"
-METRIC = re.compile(r"^(vllm:[a-z_]+)\{[^}]*\}\s+([0-9.eE+-]+)$")
+METRIC = re.compile(r"^(vllm:[a-z0-9_]+)\{[^}]*\}\s+([0-9.eE+-]+)$")
 
 
 @dataclass
@@ -140,6 +140,13 @@ def metric_sums(lines: Iterable[str]) -> dict[str, float]:
 def served_requests(metrics_text: str) -> float:
     """Completed requests from an engine's /metrics (vLLM's request_success_total)."""
     return metric_sums(metrics_text.splitlines()).get("vllm:request_success_total", 0.0)
+
+
+def busy_seconds(metrics_text: str) -> float:
+    """Seconds of requests an engine has served, summed (its e2e latency histogram's sum):
+    over a load window, the time-average of its requests in flight times the window."""
+    sums = metric_sums(metrics_text.splitlines())
+    return sums.get("vllm:e2e_request_latency_seconds_sum", 0.0)
 
 
 def spread_is_even(counts: dict[str, float], tolerance: float = 0.5) -> bool:

@@ -1,6 +1,6 @@
 import math
 
-from inferfleet.verify import percentile, served_requests, spread_is_even
+from inferfleet.verify import busy_seconds, percentile, served_requests, spread_is_even
 
 
 def test_nearest_rank_percentiles():
@@ -27,3 +27,12 @@ def test_spread():
     assert spread_is_even({"a": 60, "b": 40})
     assert not spread_is_even({"a": 90, "b": 10})
     assert not spread_is_even({"a": 0, "b": 0})
+
+
+def test_busy_seconds_is_the_e2e_latency_sum_not_its_buckets():
+    text = """vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="tiny"} 4.0
+vllm:e2e_request_latency_seconds_count{engine="0",model_name="tiny"} 9.0
+vllm:e2e_request_latency_seconds_sum{engine="0",model_name="tiny"} 2.5
+"""
+    assert busy_seconds(text) == 2.5
+    assert busy_seconds("") == 0.0

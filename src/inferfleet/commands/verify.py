@@ -15,11 +15,15 @@ from inferfleet import verify as v
 from inferfleet.commands.common import console, fail, resolve_inventory
 
 
-def _served(fleet: fleet_mod.Fleet) -> dict[str, float]:
+def _served(fleet: fleet_mod.Fleet) -> dict[str, tuple[float, float]]:
+    """Each serving engine's (completed requests, busy seconds) from its metrics."""
     out = {}
     for node in fleet.serving:
         status, text = v.get(f"{node.base}/metrics", fleet.engine_key)
-        out[node.host] = v.served_requests(text) if status == 200 else float("nan")
+        nan = float("nan")
+        out[node.host] = (
+            (v.served_requests(text), v.busy_seconds(text)) if status == 200 else (nan, nan)
+        )
     return out
 
 
@@ -92,7 +96,11 @@ def verify(
             max_tokens=max_tokens,
         )
         after = _served(fleet)
-        spread = {h: after[h] - before[h] for h in after}
+        counts = {h: after[h][0] - before[h][0] for h in after}
+        busy = {h: after[h][1] - before[h][1] for h in after}
+        # leastconn keeps every engine equally busy (requests in flight), so a slower
+        # engine rightly gets fewer requests: judge it by busy time; round robin by count.
+        spread = counts if fleet.balance == "roundrobin" else busy
         checks.append(
             (
                 "load without errors",
@@ -109,7 +117,8 @@ def verify(
             (
                 "load spread over every backend",
                 v.spread_is_even(spread),
-                ", ".join(f"{h} {int(c)}" for h, c in spread.items()),
+                f"{'requests' if spread is counts else 'busy seconds (leastconn)'}: "
+                + ", ".join(f"{h} {int(counts[h])} requests, {busy[h]:.1f} s busy" for h in counts),
             )
         )
 
