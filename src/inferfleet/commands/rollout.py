@@ -16,6 +16,14 @@ from inferfleet.commands.common import (
 )
 from inferfleet.runner import run_playbook
 
+# The options both commands take.
+INVENTORY = typer.Option(None, "-i", "--inventory", help="Inventory path.")
+SERIAL = typer.Option(1, help="Instances switched at a time.")
+MAX_FAIL_PERCENTAGE = typer.Option(
+    0, help="Failed instances (percent of a batch) tolerated before the run stops."
+)
+EXTRA = typer.Option([], "-e", "--extra-vars", help="key=value or @file.yml")
+
 
 def _batch_vars(serial: int, max_fail_percentage: int) -> dict:
     if serial < 1:
@@ -29,12 +37,10 @@ def rollout(
     version: str | None = typer.Option(
         None, "--version", help="Model version to roll out (default: the inventory's)."
     ),
-    inventory: Path | None = typer.Option(None, "-i", "--inventory", help="Inventory path."),
-    serial: int = typer.Option(1, help="Instances switched at a time."),
-    max_fail_percentage: int = typer.Option(
-        0, help="Failed instances (percent of a batch) tolerated before the run stops."
-    ),
-    extra: list[str] = typer.Option([], "-e", "--extra-vars", help="key=value or @file.yml"),
+    inventory: Path | None = INVENTORY,
+    serial: int = SERIAL,
+    max_fail_percentage: int = MAX_FAIL_PERCENTAGE,
+    extra: list[str] = EXTRA,
 ) -> None:
     """Roll a model version, engine version or engine settings out, instance by instance:
     pre-fetch everywhere, then drain, switch, wait until ready, re-enable. A failed
@@ -59,12 +65,10 @@ def rollout(
 
 
 def rollback(
-    inventory: Path | None = typer.Option(None, "-i", "--inventory", help="Inventory path."),
-    serial: int = typer.Option(1, help="Instances switched at a time."),
-    max_fail_percentage: int = typer.Option(
-        0, help="Failed instances (percent of a batch) tolerated before the run stops."
-    ),
-    extra: list[str] = typer.Option([], "-e", "--extra-vars", help="key=value or @file.yml"),
+    inventory: Path | None = INVENTORY,
+    serial: int = SERIAL,
+    max_fail_percentage: int = MAX_FAIL_PERCENTAGE,
+    extra: list[str] = EXTRA,
 ) -> None:
     """Go back to what each instance ran before the last rollout (model version and engine
     settings, still on the nodes: no download), instance by instance."""
