@@ -4,6 +4,7 @@ variables resolve exactly as in a playbook run)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,10 +33,29 @@ class Fleet:
     balancers: list[str]  # base URLs of the public listeners
     admin: list[str]  # base URLs of the load balancers' admin listeners
     balance: str = "leastconn"  # the load balancers' algorithm (load_balancer_balance)
+    weight: int = 100  # each backend's configured weight (load_balancer_backend_weight)
+    slowstart: float = 60.0  # seconds a returning backend ramps up (load_balancer_slowstart)
 
     @property
     def serving(self) -> list[Node]:
         return [n for n in self.nodes if n.rank == 0]
+
+
+def duration(value) -> float:
+    """Seconds from an HAProxy time ("10s", "500ms", "2m", or a bare number of ms)."""
+    text = str(value).strip()
+    for unit, scale in (("ms", 0.001), ("us", 1e-6), ("s", 1), ("m", 60), ("h", 3600)):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * scale
+    return float(text) / 1000
+
+
+@functools.cache
+def _plugins() -> None:
+    """Lookups and filters by their full names (ansible.builtin.pipe ...), once."""
+    from ansible.plugins.loader import init_plugin_loader
+
+    init_plugin_loader()
 
 
 def load(inventory: Path) -> Fleet:
@@ -44,6 +64,7 @@ def load(inventory: Path) -> Fleet:
     from ansible.template import Templar
     from ansible.vars.manager import VariableManager
 
+    _plugins()
     loader = DataLoader()
     inv = InventoryManager(loader=loader, sources=[str(inventory)])
     varman = VariableManager(loader=loader, inventory=inv)
@@ -88,4 +109,6 @@ def load(inventory: Path) -> Fleet:
         balancers=balancers,
         admin=admin,
         balance=str(lb_vars.get("load_balancer_balance", "leastconn")),
+        weight=int(lb_vars.get("load_balancer_backend_weight", 100)),
+        slowstart=duration(lb_vars.get("load_balancer_slowstart", "60s")),
     )

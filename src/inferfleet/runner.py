@@ -2,7 +2,7 @@
 record of the run, and an exit code that means something.
 
 Exit codes: 0 success, 2 a host failed, 3 a host was unreachable, 4 the preflight refused
-the inventory, 130 cancelled (Ctrl-C).
+the inventory, 5 a canary regressed (and was rolled back), 130 cancelled (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ ENV_ALLOW = {
 ENV_PREFIXES = ("ANSIBLE_", "AWS_", "INFERFLEET_")
 SECRET_KEY = re.compile(r"(key|secret|password|token|credential)", re.IGNORECASE)
 
-OK, HOST_FAILED, UNREACHABLE, PREFLIGHT_REFUSED, CANCELLED = 0, 2, 3, 4, 130
+OK, HOST_FAILED, UNREACHABLE, PREFLIGHT_REFUSED, CANARY_REGRESSED, CANCELLED = 0, 2, 3, 4, 5, 130
 
 
 def mask(value, key: str = ""):
@@ -264,3 +264,10 @@ def run_playbook(
     )
     os.chmod(record, 0o600)
     return RunResult(rc, run.status, stats, record, progress.failures, events)
+
+
+def add_to_record(record: Path, key: str, value) -> None:
+    """Keep more of a run's outcome (a canary's comparison) in its record."""
+    data = json.loads(record.read_text())
+    data[key] = mask(value)
+    record.write_text(json.dumps(data, indent=2) + "\n")

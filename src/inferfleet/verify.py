@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -125,6 +126,53 @@ def run_load(
         percentile(ok, 99),
         errors,
     )
+
+
+class LoadLoop:
+    """Completions sent until the `with` block ends: `workers` at a time, in turn to each
+    of `bases`, each worker pausing `pause` seconds between two. Every call is kept with
+    the moment it started (time.monotonic())."""
+
+    def __init__(
+        self,
+        bases: list[str],
+        model: str,
+        key: str | None,
+        workers: int = 2,
+        pause: float = 0.0,
+        max_tokens: int = 16,
+    ):
+        self.bases, self.model, self.key = bases, model, key
+        self.workers, self.pause, self.max_tokens = workers, pause, max_tokens
+        self.calls: list[tuple[float, Call]] = []
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def _work(self, worker: int) -> None:
+        i = worker
+        while not self._stop.is_set():
+            base = self.bases[i % len(self.bases)]
+            started = time.monotonic()
+            call = complete(base, self.model, self.key, f"{PROMPT} loop {i}", self.max_tokens)
+            self.calls.append((started, call))  # list.append is atomic
+            i += self.workers
+            self._stop.wait(self.pause)
+
+    def __enter__(self) -> LoadLoop:
+        self._threads = [
+            threading.Thread(target=self._work, args=(w,), daemon=True) for w in range(self.workers)
+        ]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+    def failed(self) -> list[Call]:
+        return [c for _, c in self.calls if not c.ok]
 
 
 def metric_sums(lines: Iterable[str]) -> dict[str, float]:

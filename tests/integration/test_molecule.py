@@ -13,7 +13,7 @@ pytestmark = pytest.mark.lab
 # reliable and the run has room: `molecule test -s gpu_host` / `-s monitoring`.
 # molecule/rolling is a link to molecule/replicated (one fleet, one converge: failover,
 # then rolling updates and rollback): CI runs it once, as `replicated`.
-SCENARIOS = ["default", "lb", "engine", "replicated"]
+SCENARIOS = ["default", "lb", "replicated"]
 
 
 def failures(log: str) -> str:

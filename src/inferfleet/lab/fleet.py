@@ -106,3 +106,13 @@ def remove_state(inventory: Path) -> None:
     for path in (inventory / "host_vars").glob("*.yml"):
         path.unlink()
     (inventory / "group_vars" / "all" / "secrets.yml").unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    # `python -m inferfleet.lab.fleet address HOST NETWORK`: a container's address on a
+    # network, for inventories whose host names resolve only inside that network.
+    import sys
+
+    if sys.argv[1:2] != ["address"] or len(sys.argv) != 4:
+        sys.exit("usage: python -m inferfleet.lab.fleet address HOST NETWORK")
+    print(address(sys.argv[2], sys.argv[3]))
