@@ -1,4 +1,5 @@
-"""The operator's path on the real lab: `lab up` -> `status` -> `verify` -> `lab down`.
+"""The operator's path on the real lab: `lab up` -> `status` -> `verify --failover` ->
+`lab down`.
 
 Two vLLM CPU engines behind HAProxy, deployed by site.yml through the CLI; afterwards
 nothing the lab made is left (containers, networks, generated inventory files).
@@ -57,10 +58,22 @@ def test_lab_up_status_verify_down(node_image, wheelhouse, repo_root, venv_bin):
         assert len({n["manifest_digest"] for n in nodes}) == 1
 
         time.sleep(10)  # past the lab's slow start (load_balancer_slowstart: 10s)
-        verify = _cli(venv_bin, repo_root, "verify", "--json", "--count", "48", timeout=600)
+        verify = _cli(
+            venv_bin, repo_root, "verify", "--json", "--count", "48", "--failover", timeout=900
+        )
         report = json.loads(verify.stdout)
         assert verify.returncode == 0 and report["ok"], verify.stdout + verify.stderr
         assert report["load"]["sent"] == 48 and report["load"]["failed"] == 0
+        # node2's engine stopped and started under load: no request failed, HAProxy took
+        # it out once it stopped answering (3 failed checks, 2 s apart) and put it back
+        # once it answered again, and it served afterwards.
+        failover = report["failover"]
+        assert failover["host"] == "inferfleet-lab-node2" and failover["sent"] > 0, failover
+        assert failover["failed"] == 0, failover
+        assert failover["unanswered_after_s"] is not None, failover
+        assert failover["taken_out_after_s"] >= failover["unanswered_after_s"], failover
+        assert failover["put_back_after_s"] >= failover["answers_again_after_s"], failover
+        assert failover["served_after_back"] > 0, failover
     finally:
         down = _cli(venv_bin, repo_root, "lab", "down", timeout=300)
     assert down.returncode == 0, down.stdout + down.stderr

@@ -214,3 +214,49 @@ def test_lab_commands_without_the_lab_say_to_bring_it_up(tmp_path, monkeypatch):
         result = cli.invoke(app, command)
         assert result.exit_code == 1, (command, result.output)
         assert "the lab is not up" in result.output and "inferfleet lab up" in result.output
+
+
+def two_node_inventory(tmp_path: Path, nodes: list[str]) -> Path:
+    inv = tmp_path / "fleet"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "children": {
+                        "inference": {"hosts": dict.fromkeys(nodes)},
+                        "loadbalancers": {"hosts": {"lb": None}},
+                    }
+                }
+            }
+        )
+    )
+    return inv
+
+
+@pytest.mark.parametrize(
+    "nodes, args, words",
+    [
+        (["n1"], [], "--failover needs two instances or more"),
+        (
+            ["n1", "n2"],
+            ["--failover-node", "lb"],
+            "--failover-node lb: name an instance's node (n1, n2)",
+        ),
+        (["n1", "n2"], ["--failover-timeout", "0"], "--failover-timeout 0: give seconds"),
+    ],
+)
+def test_failover_refuses_what_it_cannot_do_before_any_request(
+    tmp_path, runs_dir, nodes, args, words
+):
+    inv = two_node_inventory(tmp_path, nodes)
+    result = cli.invoke(app, ["verify", "--failover", *args, "-i", str(inv)])
+    assert result.exit_code == 1 and words in result.output, result.output
+    assert not runs_dir.exists()
+
+
+def test_haproxy_durations_read_as_seconds():
+    from inferfleet.fleet import duration
+
+    assert duration("10s") == 10 and duration("500ms") == 0.5 and duration("2m") == 120
+    assert duration(1500) == 1.5  # a bare number is milliseconds, as in HAProxy
