@@ -5,6 +5,11 @@
                 context=8192, concurrency=16) }}"
     _: "{{ plan | inferfleet_capacity_require(instance_nodes=2) }}"
 
+and the engine role's check of what the engine sized against the plan:
+
+    logged: "{{ engine_log | inferfleet_kv_logged }}"
+    planned: "{{ config | inferfleet_cpu_kv_tokens(1, max_model_len=1024, dtype='float16') }}"
+
 The model is a folder or ``s3://bucket/prefix`` as seen from the controller (or a
 config.json mapping). Keyword arguments are the planner's targets: context,
 concurrency, dtype, quantization, kv_cache_dtype, gpu_memory_utilization, plus
@@ -99,9 +104,40 @@ def capacity_require(plan: dict[str, Any], instance_nodes: int | None = None
     return plan
 
 
+def kv_logged(text: str) -> int | None:
+    """The KV-cache size in tokens that vLLM logged last ("KV cache size: N tokens") in
+    `text` (an engine's log, oldest first), or None."""
+    from inferfleet.planner.memory import parse_kv_cache_log
+
+    lines = [line for line in str(text or "").splitlines() if "KV cache size:" in line]
+    found = parse_kv_cache_log(lines[-1]) if lines else None
+    return None if found is None else found[0]
+
+
+def cpu_kv_tokens(config: dict[str, Any], kvcache_space_gib: int,
+                  max_model_len: int | None = None, dtype: str = "auto",
+                  kv_cache_dtype: str = "auto") -> int:
+    """The planner's KV-cache size in tokens for vLLM's CPU build with
+    VLLM_CPU_KVCACHE_SPACE=kvcache_space_gib (what the engine logs when it starts)."""
+    planner = _planner()
+    try:
+        arch = planner.parse_architecture(dict(config))
+        return planner.cpu_kv_capacity(
+            arch,
+            int(kvcache_space_gib),
+            max_model_len=int(max_model_len) if max_model_len else None,
+            dtype=dtype or "auto",
+            kv_cache_dtype=kv_cache_dtype or "auto",
+        ).tokens
+    except planner.PlannerError as err:
+        raise AnsibleFilterError(f"inferfleet_cpu_kv_tokens: {err}") from err
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "inferfleet_capacity_plan": capacity_plan,
             "inferfleet_capacity_require": capacity_require,
+            "inferfleet_kv_logged": kv_logged,
+            "inferfleet_cpu_kv_tokens": cpu_kv_tokens,
         }

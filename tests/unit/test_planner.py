@@ -675,3 +675,18 @@ def test_filter_bad_arguments_become_filter_errors():
         f["inferfleet_capacity_plan"](config("llama-3.1-8b"), 1, 80, colour="red")
     with pytest.raises(AnsibleFilterError, match="--context"):
         f["inferfleet_capacity_plan"](config("llama-3.1-8b"), 1, 80, context=10**7)
+
+
+def test_filters_read_the_engines_last_kv_line_and_plan_the_cpu_build_the_same():
+    f = filters()
+    log = (
+        "INFO CPU KV cache size: 262,144 tokens, Maximum concurrency for 1,024 tokens per "
+        "request: 256.00x\nINFO started\n"
+        "INFO CPU KV cache size: 524,288 tokens, Maximum concurrency for 1,024 tokens per "
+        "request: 512.00x\n"
+    )
+    assert f["inferfleet_kv_logged"](log) == 524_288
+    assert f["inferfleet_kv_logged"]("no such line") is None
+    assert f["inferfleet_cpu_kv_tokens"](TINY, 1) == 524_288
+    assert f["inferfleet_cpu_kv_tokens"](WIDE, 1, kv_cache_dtype="fp8") == 349_440
+    assert f["inferfleet_cpu_kv_tokens"](TINY, 1, max_model_len=1024, dtype="float16") == 524_288
