@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 PROMPT = "The load balancer spreads"
 METRIC = re.compile(r"^(vllm:[a-z0-9_]+)\{[^}]*\}\s+([0-9.eE+-]+)$")
+SUM = re.compile(r"^([a-z:_][a-z0-9:_]*_sum)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$")
 
 
 @dataclass
@@ -191,10 +192,20 @@ def served_requests(metrics_text: str) -> float:
 
 
 def busy_seconds(metrics_text: str) -> float:
-    """Seconds of requests an engine has served, summed (its e2e latency histogram's sum):
-    over a load window, the time-average of its requests in flight times the window."""
-    sums = metric_sums(metrics_text.splitlines())
-    return sums.get("vllm:e2e_request_latency_seconds_sum", 0.0)
+    """Seconds of requests an engine has served, summed: over a load window, the
+    time-average of its requests in flight times the window. Measured where the load
+    balancer sees them, at the engine's HTTP server (http_request_duration_highr_seconds,
+    which counts tokenizing, queueing in the API server and answering too); vLLM's own
+    end-to-end latency sum where that histogram is missing."""
+    sums: dict[str, float] = {}
+    for line in metrics_text.splitlines():
+        m = SUM.match(line)
+        if m:
+            sums[m.group(1)] = sums.get(m.group(1), 0.0) + float(m.group(2))
+    return sums.get(
+        "http_request_duration_highr_seconds_sum",
+        sums.get("vllm:e2e_request_latency_seconds_sum", 0.0),
+    )
 
 
 def spread_is_even(counts: dict[str, float], tolerance: float = 0.5) -> bool:

@@ -29,10 +29,20 @@ def test_spread():
     assert not spread_is_even({"a": 0, "b": 0})
 
 
-def test_busy_seconds_is_the_e2e_latency_sum_not_its_buckets():
-    text = """vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="tiny"} 4.0
+E2E = """vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="tiny"} 4.0
 vllm:e2e_request_latency_seconds_count{engine="0",model_name="tiny"} 9.0
 vllm:e2e_request_latency_seconds_sum{engine="0",model_name="tiny"} 2.5
 """
-    assert busy_seconds(text) == 2.5
+
+
+def test_busy_seconds_is_the_http_duration_sum_where_the_balancer_sees_requests():
+    text = E2E + """http_request_duration_highr_seconds_bucket{le="0.5"} 8.0
+http_request_duration_highr_seconds_count 9.0
+http_request_duration_highr_seconds_sum 3.75
+"""
+    assert busy_seconds(text) == 3.75
+
+
+def test_busy_seconds_falls_back_to_the_e2e_latency_sum_not_its_buckets():
+    assert busy_seconds(E2E) == 2.5
     assert busy_seconds("") == 0.0
