@@ -145,13 +145,19 @@ def _canary(
         console.print(f"[red]no verdict on the canary: {err}[/]")
     finally:
         # Its configured weight again, whatever happened above.
-        run_playbook(
+        restored = run_playbook(
             "canary weight",
             "weights.yml",
             inventory,
             extra_vars={"rollout_weights": {node.instance: "100%"}},
             console=console,
         )
+        if restored.rc != 0:
+            console.print(
+                f"[red]could not set {node.instance}'s weight back: run `ansible-playbook -i "
+                f'{inventory} playbooks/weights.yml -e \'{{"rollout_weights": '
+                f'{{"{node.instance}": "100%"}}}}\'` or reload HAProxy[/]'
+            )
     table = Table(title=f"canary {node.instance} against the old release")
     for col in ("check", "canary", "old", "limit", "result"):
         table.add_column(col)
