@@ -8,11 +8,12 @@ gathers the numbers and acts on the verdict.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
+
+from inferfleet.verify import parse_metrics
 
 # HTTP-level, as clients see it (vLLM's API server exports them through
 # prometheus-fastapi-instrumentator): requests by handler and status class, and a
@@ -21,8 +22,6 @@ REQUESTS = "http_requests_total"
 DURATION = "http_request_duration_highr_seconds"
 # vLLM's own end-to-end latency, where the HTTP histogram is missing.
 E2E = "vllm:e2e_request_latency_seconds"
-SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)")
-LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 DEFAULT_GOLDEN = [
     "The capital of France is",
@@ -68,21 +67,6 @@ class Row:
     passed: bool
 
 
-def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Prometheus text format: (name, labels, value) for every sample."""
-    out = []
-    for line in text.splitlines():
-        m = SAMPLE.match(line)
-        if not m or line.startswith("#"):
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        out.append((m.group(1), dict(LABEL.findall(m.group(2) or "")), value))
-    return out
-
-
 @dataclass
 class Snapshot:
     """The counters the verdict needs, from one engine's /metrics at one moment."""
@@ -95,7 +79,7 @@ class Snapshot:
     def of(cls, text: str) -> Snapshot:
         requests = errors = 0.0
         histograms: dict[str, dict[float, float]] = {DURATION: {}, E2E: {}}
-        for name, labels, value in parse(text):
+        for name, labels, value in parse_metrics(text):
             if name == REQUESTS and labels.get("handler", "").startswith("/v1/"):
                 requests += value
                 if labels.get("status", "").startswith("5"):

@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 PROMPT = "The load balancer spreads"
-METRIC = re.compile(r"^(vllm:[a-z0-9_]+)\{[^}]*\}\s+([0-9.eE+-]+)$")
-SUM = re.compile(r"^([a-z:_][a-z0-9:_]*_sum)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$")
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass
@@ -176,13 +176,26 @@ class LoadLoop:
         return [c for _, c in self.calls if not c.ok]
 
 
+def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Prometheus text format: (name, labels, value) for every sample."""
+    out = []
+    for line in text.splitlines():
+        m = SAMPLE.match(line)
+        if not m:  # comments (# HELP, # TYPE) and blank lines
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        out.append((m.group(1), dict(LABEL.findall(m.group(2) or "")), value))
+    return out
+
+
 def metric_sums(lines: Iterable[str]) -> dict[str, float]:
-    """Each vLLM metric's value summed over its label sets (Prometheus text format)."""
+    """Each metric's value summed over its label sets (Prometheus text format)."""
     out: dict[str, float] = {}
-    for line in lines:
-        m = METRIC.match(line)
-        if m:
-            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    for name, _, value in parse_metrics("\n".join(lines)):
+        out[name] = out.get(name, 0.0) + value
     return out
 
 
@@ -197,11 +210,7 @@ def busy_seconds(metrics_text: str) -> float:
     balancer sees them, at the engine's HTTP server (http_request_duration_highr_seconds,
     which counts tokenizing, queueing in the API server and answering too); vLLM's own
     end-to-end latency sum where that histogram is missing."""
-    sums: dict[str, float] = {}
-    for line in metrics_text.splitlines():
-        m = SUM.match(line)
-        if m:
-            sums[m.group(1)] = sums.get(m.group(1), 0.0) + float(m.group(2))
+    sums = metric_sums(metrics_text.splitlines())
     return sums.get(
         "http_request_duration_highr_seconds_sum",
         sums.get("vllm:e2e_request_latency_seconds_sum", 0.0),
