@@ -28,6 +28,17 @@ def _serving(hosts, hostvars):
     return serving_nodes(_instances(hosts, hostvars))
 
 
+def _serving_of(named, hosts, hostvars):
+    """The serving nodes (rank 0) of the instances that `named` hosts belong to."""
+    return [h for h in _serving(hosts, hostvars) if h in _members_of(named, hosts, hostvars)]
+
+
+def _members_of(named, hosts, hostvars):
+    """Every member of the instances that `named` hosts belong to."""
+    groups = _instances(hosts, hostvars)
+    return [h for members in groups.values() if set(members) & set(named) for h in members]
+
+
 def _balancers(hosts, hostvars, kind):
     """The load balancer hosts running `kind` (load_balancer_kind, default haproxy)."""
     return [h for h in hosts if hostvars[h].get("load_balancer_kind", "haproxy") == kind]
@@ -39,5 +50,7 @@ class FilterModule:
             "inferfleet_instances": _instances,
             "inferfleet_rank": _rank,
             "inferfleet_serving_nodes": _serving,
+            "inferfleet_serving_nodes_of": _serving_of,
+            "inferfleet_members_of": _members_of,
             "inferfleet_balancers": _balancers,
         }

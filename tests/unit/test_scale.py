@@ -1,0 +1,217 @@
+"""`inferfleet scale`: the inventory edits (comments, anchors and host variables kept),
+the filters that pick the instances named, and the refusals of playbooks/scale.yml,
+which come from its first play (localhost) before any host is touched: real
+ansible-runner runs against local-connection hosts."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from inferfleet import inventory_edit as edit
+from inferfleet import runner
+from inferfleet.cli import app
+
+cli = CliRunner()
+ROOT = Path(__file__).resolve().parents[2]
+
+LAB = """---
+# The lab (a comment that must stay).
+all:
+  vars:
+    ansible_connection: community.docker.docker
+  children:
+    inference:
+      hosts:
+        # one core each
+        node1: {inference_engine_cpu_omp_threads_bind: "0"}
+        node2: {inference_engine_cpu_omp_threads_bind: "1"}
+    loadbalancers:
+      hosts:
+        lb:
+"""
+
+# What molecule writes: groups at the top, host entries shared through anchors.
+MOLECULE = """# Molecule managed
+
+---
+all:
+  hosts:
+    node1: &id001
+      ansible_connection: community.docker.docker
+    node2: &id002
+      ansible_connection: community.docker.docker
+inference:
+  hosts:
+    node1: *id001
+    node2: *id002
+"""
+
+
+def groups(text: str) -> dict:
+    doc = yaml.safe_load(text)
+    found = {}
+
+    def walk(node):
+        for name, value in (node or {}).items():
+            if isinstance(value, dict):
+                found[name] = value.get("hosts") or {}
+                walk(value.get("children"))
+
+    walk(doc)
+    return found
+
+
+@pytest.mark.parametrize("text", [LAB, MOLECULE], ids=["lab", "molecule"])
+def test_leave_then_join_gives_back_the_same_file(text):
+    left = edit.leave(text, ["node2"])
+    assert list(groups(left)["inference"]) == ["node1"]
+    assert groups(left)["standby"] == {"node2": groups(text)["inference"]["node2"]}
+    assert edit.join(left, ["node2"]) == text
+
+
+def test_leave_keeps_comments_and_the_document_start():
+    left = edit.leave(LAB, ["node1"])
+    assert left.startswith("---\n# The lab (a comment that must stay).\n")
+    assert 'node1: {inference_engine_cpu_omp_threads_bind: "0"}' in left
+
+
+def test_join_adds_new_hosts_as_one_instance_and_leaves_serving_ones_alone():
+    joined = edit.join(LAB, ["node1", "node3", "node4"], instance="big")
+    hosts = groups(joined)["inference"]
+    assert hosts["node1"] == {"inference_engine_cpu_omp_threads_bind": "0"}
+    assert hosts["node3"] == hosts["node4"] == {"inferfleet_instance": "big"}
+
+
+@pytest.mark.parametrize(
+    ("text", "hosts", "words"),
+    [
+        (LAB, ["lb"], "lb is not listed under `inference: hosts:`"),
+        ("all:\n  hosts:\n    a:\n", ["a"], "no `inference` group"),
+    ],
+)
+def test_what_cannot_be_edited_is_refused(text, hosts, words):
+    with pytest.raises(edit.InventoryEditError, match=words):
+        edit.leave(text, hosts)
+
+
+def test_the_file_that_lists_the_group_is_found_in_a_directory(tmp_path):
+    (tmp_path / "a.yml").write_text("all:\n  hosts:\n    x:\n")
+    (tmp_path / "b.yml").write_text(LAB)
+    assert edit.group_file(tmp_path) == tmp_path / "b.yml"
+    (tmp_path / "b.yml").write_text("[inference]\nnode1\n")
+    with pytest.raises(edit.InventoryEditError, match="edits YAML inventories only"):
+        edit.group_file(tmp_path)
+
+
+def test_the_filters_name_whole_instances():
+    spec = importlib.util.spec_from_file_location("f", ROOT / "plugins" / "filter" / "inventory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    f = module.FilterModule().filters()
+    hosts = ["a1", "a2", "b", "c"]
+    hostvars = {
+        "a1": {"inferfleet_instance": "a"},
+        "a2": {"inferfleet_instance": "a"},
+        "b": {},
+        "c": {},
+    }
+    assert f["inferfleet_serving_nodes_of"](["a2", "c"], hosts, hostvars) == ["a1", "c"]
+    assert f["inferfleet_serving_nodes_of"]([], hosts, hostvars) == []
+
+
+# --- the CLI and the playbook's refusals ---------------------------------------------
+
+
+@pytest.fixture
+def runs_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "RUNS_DIR", tmp_path / "runs")
+    return tmp_path / "runs"
+
+
+def fleet(tmp_path: Path, hosts: dict) -> Path:
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "hosts.yml").write_text(
+        "---\n# my fleet\n"
+        + yaml.safe_dump(
+            {
+                "all": {
+                    "vars": {"ansible_connection": "local"},
+                    "children": {"inference": {"hosts": hosts}},
+                }
+            }
+        )
+    )
+    (inv / "group_vars" / "all.yml").write_text(
+        yaml.safe_dump({"inferfleet_model_name": "m", "inferfleet_model_version": "v1"})
+    )
+    return inv
+
+
+@pytest.mark.parametrize(
+    ("hosts", "args", "words"),
+    [
+        (
+            {"n1": None},
+            ["--remove", "n1"],
+            "would leave no instance to serve",
+        ),
+        (
+            {"p0": {"inferfleet_instance": "big"}, "p1": {"inferfleet_instance": "big"}, "n": None},
+            ["--remove", "p1"],
+            "p0 is in instance big with p0, p1: name all of its members or none",
+        ),
+    ],
+    ids=["last instance", "half a pipeline"],
+)
+def test_refusals_exit_4_and_leave_the_inventory_alone(tmp_path, runs_dir, hosts, args, words):
+    inv = fleet(tmp_path, hosts)
+    before = (inv / "hosts.yml").read_text()
+    result = cli.invoke(app, ["scale", "-i", str(inv), *args])
+    assert result.exit_code == 4, result.output
+    events = "".join(p.read_text() for p in runs_dir.rglob("job_events/*.json"))
+    assert words in " ".join(events.split())
+    assert (inv / "hosts.yml").read_text() == before
+    record = json.loads(next(runs_dir.glob("*/record.json")).read_text())
+    assert record["command"] == "scale remove" and record["scale"]["remove"] == [args[1]]
+
+
+def test_a_refused_add_takes_the_host_back_out_of_the_inventory(tmp_path, runs_dir):
+    inv = fleet(
+        tmp_path, {"p0": {"inferfleet_instance": "big"}, "p1": {"inferfleet_instance": "big"}}
+    )
+    before = (inv / "hosts.yml").read_text()
+    # n3 joins instance big with only one of its members named: refused.
+    result = cli.invoke(app, ["scale", "-i", str(inv), "--add", "n3", "--instance", "big"])
+    assert result.exit_code == 4, result.output
+    assert "not added" in result.output
+    assert (inv / "hosts.yml").read_text() == before
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ([], "give --add HOST... or --remove HOST..."),
+        (["--add", "a", "--remove", "b"], "give --add HOST... or --remove HOST..."),
+        (["--remove", "a", "--instance", "x"], "--instance names the instance"),
+        (["--add", "a", "--purge-model"], "--purge-model goes with --remove"),
+    ],
+)
+def test_bad_options_are_refused_before_any_run(tmp_path, runs_dir, args, words):
+    inv = fleet(tmp_path, {"n1": None})
+    result = cli.invoke(app, ["scale", "-i", str(inv), *args])
+    assert result.exit_code == 1
+    assert words in result.output
+    assert not runs_dir.exists()
+
+
+def test_an_ini_inventory_is_refused_with_what_to_do(tmp_path, runs_dir):
+    inv = tmp_path / "hosts.ini"
+    inv.write_text("[inference]\nn1\n")
+    result = cli.invoke(app, ["scale", "-i", str(inv), "--remove", "n1"])
+    assert result.exit_code == 1
+    assert "move the hosts by hand and run playbooks/scale.yml" in " ".join(result.output.split())
