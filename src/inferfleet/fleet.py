@@ -35,6 +35,7 @@ class Fleet:
     balance: str = "leastconn"  # the load balancers' algorithm (load_balancer_balance)
     weight: int = 100  # each backend's configured weight (load_balancer_backend_weight)
     slowstart: float = 60.0  # seconds a returning backend ramps up (load_balancer_slowstart)
+    max_num_seqs: int = 256  # requests an engine runs at once (vLLM's default when unset)
 
     @property
     def serving(self) -> list[Node]:
@@ -111,4 +112,5 @@ def load(inventory: Path) -> Fleet:
         balance=str(lb_vars.get("load_balancer_balance", "leastconn")),
         weight=int(lb_vars.get("load_balancer_backend_weight", 100)),
         slowstart=duration(lb_vars.get("load_balancer_slowstart", "60s")),
+        max_num_seqs=int(first.get("inference_engine_max_num_seqs") or 256),
     )

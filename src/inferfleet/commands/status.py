@@ -9,7 +9,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from inferfleet.commands.common import console, resolve_inventory
+from inferfleet import fleet as fleet_mod
+from inferfleet import utilization as u
+from inferfleet import verify as v
+from inferfleet.commands.common import console, fail, resolve_inventory
 from inferfleet.runner import run_playbook
 from inferfleet.verify import metric_sums
 
@@ -35,11 +38,68 @@ def lb_view(balancers: dict[str, dict], instance: str) -> str:
     return ", ".join(views)
 
 
+def utilization(inventory: Path, seconds: float, as_json: bool) -> None:
+    """Sample every serving engine's /metrics over `seconds` and judge the fleet's size."""
+    if seconds < 2:
+        fail(f"--window {seconds:g}: measure over 2 seconds or more")
+    try:
+        fleet = fleet_mod.load(inventory)
+    except Exception as err:  # noqa: BLE001 (one line for a person, not a traceback)
+        fail(f"cannot read the inventory: {err}")
+    nodes = {n.instance: n for n in fleet.serving}
+
+    def read(instance: str) -> str:
+        code, text = v.get(f"{nodes[instance].base}/metrics", fleet.engine_key)
+        if code != 200:
+            raise RuntimeError(f"{nodes[instance].host}'s /metrics answered {code or text}")
+        return text
+
+    if not as_json:
+        console.print(f"measuring {len(nodes)} instance(s) for {seconds:g} s ...")
+    try:
+        usages, peak, measured = u.measure(read, list(nodes), seconds)
+    except RuntimeError as err:
+        fail(f"{err}: is the engine up? (`inferfleet status`)")
+    out = u.report(usages, peak, measured, fleet.max_num_seqs)
+    if as_json:
+        print(json.dumps(out, indent=2))
+        return
+    table = Table(title=f"utilization over {out['seconds']:g} s")
+    for col in (
+        "instance",
+        "requests",
+        "in flight (avg)",
+        "peak running",
+        "peak waiting",
+        "peak KV",
+    ):
+        table.add_column(col)
+    for x in usages:
+        table.add_row(
+            x.instance,
+            f"{x.requests:.0f}",
+            f"{x.in_flight:.2f}",
+            f"{x.peak_running:.0f}",
+            f"{x.peak_waiting:.0f}",
+            f"{x.peak_kv:.0%}",
+        )
+    console.print(table)
+    console.print(f"fleet peak in flight {peak:.0f} (max_num_seqs {fleet.max_num_seqs} per engine)")
+    console.print(out["advice"])
+
+
 def status(
     inventory: Path | None = typer.Option(None, "-i", "--inventory", help="Inventory path."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    use: bool = typer.Option(
+        False, "--utilization", help="Measure how busy each instance is and judge the fleet's size."
+    ),
+    window: float = typer.Option(60.0, "--window", help="Seconds --utilization measures."),
 ) -> None:
     """Engine state, model version and digest, load, and each LB's view, per node."""
+    if use:
+        utilization(resolve_inventory(inventory), window, as_json)
+        return
     quiet = Console(quiet=True)
     result = run_playbook(
         "status", "status.yml", resolve_inventory(inventory), console=quiet, keep_events=True
