@@ -18,7 +18,7 @@ from inferfleet.commands.common import (
     print_summary,
     resolve_inventory,
 )
-from inferfleet.runner import add_to_record, run_playbook
+from inferfleet.runner import CANCELLED, PREFLIGHT_REFUSED, add_to_record, run_playbook
 
 
 def _hosts(values: list[str]) -> list[str]:
@@ -65,7 +65,10 @@ def scale(
 
     started = time.monotonic()
     if joining:
-        # The play needs the new hosts in the group; they stay only if they serve.
+        # The play needs the new hosts in the group. If it is refused (or never runs)
+        # nothing was touched and the file goes back; a run that failed later may have
+        # started engines or added servers, so the hosts stay listed, to be finished
+        # or taken out.
         hosts_file.write_text(after)
         result = None
         try:
@@ -77,9 +80,15 @@ def scale(
                 console=console,
             )
         finally:
-            if result is None or result.rc != 0:
+            if result is None or result.rc in (PREFLIGHT_REFUSED, CANCELLED):
                 hosts_file.write_text(before)
                 console.print(f"{hosts_file} is as it was: {', '.join(joining)} not added")
+            elif result.rc != 0:
+                console.print(
+                    f"{', '.join(joining)} stay in the `{inventory_edit.SERVING}` group of "
+                    f"{hosts_file}, partly set up: fix what failed and run the same command "
+                    f"again, or take them out with `inferfleet scale --remove {','.join(joining)}`"
+                )
     else:
         result = run_playbook(
             "scale remove",
