@@ -169,6 +169,15 @@ def test_every_host_has_a_node_exporter_target_with_its_instance(rendered):
     assert nodes["mon"]["targets"] == ["mon:9100"]
 
 
+def test_hosts_on_their_way_out_are_no_longer_scraped(tmp_path):
+    run = _render(tmp_path, LBS, {"monitoring_leaving": ["gpu-a"]})
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    rendered = tmp_path / "etc-prometheus"
+    assert sorted(_targets(rendered, "engine")) == ["cpu-c", "gpu-b0"]
+    assert "gpu-a" not in _targets(rendered, "node")
+    assert "gpu-a" not in _targets(rendered, "dcgm")
+
+
 def test_dcgm_only_on_gpu_nodes(rendered):
     assert sorted(_targets(rendered, "dcgm")) == ["gpu-a", "gpu-b0", "gpu-b1"]
     assert _targets(rendered, "dcgm")["gpu-b1"]["targets"] == ["10.0.0.13:9400"]
