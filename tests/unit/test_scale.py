@@ -206,7 +206,7 @@ def test_bad_options_are_refused_before_any_run(tmp_path, runs_dir, args, words)
     result = cli.invoke(app, ["scale", "-i", str(inv), *args])
     assert result.exit_code == 1
     assert words in result.output
-    assert not runs_dir.exists()
+    assert not list(runs_dir.glob("*/record.json"))  # no run (the fleet lock may exist)
 
 
 def test_an_ini_inventory_is_refused_with_what_to_do(tmp_path, runs_dir):
@@ -215,3 +215,19 @@ def test_an_ini_inventory_is_refused_with_what_to_do(tmp_path, runs_dir):
     result = cli.invoke(app, ["scale", "-i", str(inv), "--remove", "n1"])
     assert result.exit_code == 1
     assert "move the hosts by hand and run playbooks/scale.yml" in " ".join(result.output.split())
+
+
+def test_a_second_command_on_the_same_fleet_is_refused_naming_the_first(tmp_path, runs_dir):
+    from inferfleet.commands.common import fleet_lock
+
+    inv = fleet(tmp_path, {"n1": None, "n2": None})
+    with fleet_lock(inv, "rollout --version v2"):
+        result = cli.invoke(app, ["scale", "-i", str(inv), "--remove", "n2"])
+        assert result.exit_code == 1
+        words = " ".join(result.output.split())
+        assert "`inferfleet rollout --version v2` (pid" in words
+        assert "is changing the fleet of" in words
+        assert not list(runs_dir.glob("*/record.json"))
+    # Once it ends, the next one runs (and is refused by the playbook's own preflight).
+    result = cli.invoke(app, ["scale", "-i", str(inv), "--remove", "n1", "--remove", "n2"])
+    assert result.exit_code == 4, result.output

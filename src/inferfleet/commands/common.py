@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
+import hashlib
+import os
+import time
 from pathlib import Path
 
 import typer
@@ -9,6 +15,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from inferfleet import runner
 from inferfleet.runner import ROOT, RunResult, summary_rows
 
 LAB_INVENTORY = ROOT / "inventories" / "lab"
@@ -69,3 +76,42 @@ def print_summary(result: RunResult) -> None:
         130: "[yellow]cancelled[/]",
     }
     console.print(f"{verdict.get(result.rc, result.status)}; record: {result.record}")
+
+
+@contextlib.contextmanager
+def fleet_lock(inventory: Path, command: str):
+    """One command that changes the fleet of `inventory` at a time (deploy, rollout,
+    rollback, scale): a second one is refused, naming the first. The lock is the
+    kernel's (flock), so it goes with the process that held it, however it ended."""
+    runner.RUNS_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = hashlib.sha256(str(inventory.resolve()).encode()).hexdigest()[:16]
+    fd = os.open(runner.RUNS_DIR / f".lock-{key}", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another run"
+            fail(
+                f"{holder} is changing the fleet of {inventory}: wait until it ends "
+                "(one deploy, rollout, rollback or scale at a time)"
+            )
+        os.ftruncate(fd, 0)
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        os.pwrite(fd, f"`inferfleet {command}` (pid {os.getpid()}, since {started})".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def changes_the_fleet(command: str):
+    """Run the decorated command under fleet_lock for its -i inventory."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def locked(*args, **kwargs):
+            with fleet_lock(resolve_inventory(kwargs.get("inventory")), command):
+                return fn(*args, **kwargs)
+
+        return locked
+
+    return wrap

@@ -6,10 +6,17 @@ from pathlib import Path
 
 import typer
 
-from inferfleet.commands.common import console, parse_extra_vars, print_summary, resolve_inventory
+from inferfleet.commands.common import (
+    changes_the_fleet,
+    console,
+    parse_extra_vars,
+    print_summary,
+    resolve_inventory,
+)
 from inferfleet.runner import run_playbook
 
 
+@changes_the_fleet("deploy")
 def deploy(
     inventory: Path | None = typer.Option(None, "-i", "--inventory", help="Inventory path."),
     limit: str | None = typer.Option(None, "--limit", help="Hosts or groups to touch."),

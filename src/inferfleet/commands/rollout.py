@@ -15,6 +15,7 @@ from inferfleet import canary as c
 from inferfleet import fleet as fleet_mod
 from inferfleet import verify as v
 from inferfleet.commands.common import (
+    changes_the_fleet,
     console,
     fail,
     parse_extra_vars,
@@ -198,6 +199,7 @@ def _canary(
         raise typer.Exit(rest.rc)
 
 
+@changes_the_fleet("rollout")
 def rollout(
     version: str | None = typer.Option(
         None, "--version", help="Model version to roll out (default: the inventory's)."
@@ -290,6 +292,7 @@ def rollout(
     raise typer.Exit(result.rc)
 
 
+@changes_the_fleet("rollback")
 def rollback(
     inventory: Path | None = INVENTORY,
     serial: int = SERIAL,

@@ -12,6 +12,7 @@ import typer
 
 from inferfleet import inventory_edit
 from inferfleet.commands.common import (
+    changes_the_fleet,
     console,
     fail,
     parse_extra_vars,
@@ -29,6 +30,7 @@ def _hosts(values: list[str]) -> list[str]:
     return out
 
 
+@changes_the_fleet("scale")
 def scale(
     add: list[str] = typer.Option([], "--add", help="Hosts to add (repeat, or comma-separate)."),
     remove: list[str] = typer.Option([], "--remove", help="Hosts to take out."),
