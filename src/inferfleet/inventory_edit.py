@@ -124,6 +124,8 @@ def leave(text: str, hosts: Iterable[str]) -> str:
     if standby is None:
         holder[STANDBY] = standby = CommentedMap()
     for host in hosts:
+        if host in _hosts(standby):
+            raise InventoryEditError(f"{host} is in `{STANDBY}` already: it serves nothing")
         if host not in _hosts(serving):
             raise InventoryEditError(
                 f"{host} is not listed under `{SERVING}: hosts:` in this file: remove it by hand"

@@ -91,6 +91,7 @@ def test_join_adds_new_hosts_as_one_instance_and_leaves_serving_ones_alone():
     [
         (LAB, ["lb"], "lb is not listed under `inference: hosts:`"),
         ("all:\n  hosts:\n    a:\n", ["a"], "no `inference` group"),
+        (edit.leave(LAB, ["node2"]), ["node2"], "node2 is in `standby` already"),
     ],
 )
 def test_what_cannot_be_edited_is_refused(text, hosts, words):
