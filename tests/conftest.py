@@ -17,6 +17,15 @@ def repo_root() -> Path:
     return ROOT
 
 
+@pytest.fixture
+def runs_dir(tmp_path, monkeypatch):
+    """The CLI's run records (and fleet locks) under this test's folder."""
+    from inferfleet import runner
+
+    monkeypatch.setattr(runner, "RUNS_DIR", tmp_path / "runs")
+    return tmp_path / "runs"
+
+
 @pytest.fixture(scope="session")
 def node_image() -> str:
     """The lab's node image tag (built on first use); exported for molecule."""

@@ -89,14 +89,20 @@ def _dump(head: str, doc) -> str:
     return head + out.getvalue()
 
 
-def join(text: str, hosts: Iterable[str], instance: str | None = None) -> str:
-    """Put `hosts` in the serving group: back from standby with their variables, or new
-    (with `inferfleet_instance` when given). Hosts already serving are left as they are."""
+def _open(text: str):
+    """(head, document, serving group, the mapping that holds it, standby group or None)."""
     head, doc = _load(text)
     serving, holder = _find(doc, SERVING)
     if serving is None:
-        raise InventoryEditError(f"the inventory has no `{SERVING}` group to add hosts to")
+        raise InventoryEditError(f"the inventory has no `{SERVING}` group")
     standby, _ = _find(doc, STANDBY)
+    return head, doc, serving, holder, standby
+
+
+def join(text: str, hosts: Iterable[str], instance: str | None = None) -> str:
+    """Put `hosts` in the serving group: back from standby with their variables, or new
+    (with `inferfleet_instance` when given). Hosts already serving are left as they are."""
+    head, doc, serving, holder, standby = _open(text)
     for host in hosts:
         if host in _hosts(serving):
             continue
@@ -116,11 +122,7 @@ def join(text: str, hosts: Iterable[str], instance: str | None = None) -> str:
 
 def leave(text: str, hosts: Iterable[str]) -> str:
     """Move `hosts` from the serving group to standby (created beside it if needed)."""
-    head, doc = _load(text)
-    serving, holder = _find(doc, SERVING)
-    if serving is None:
-        raise InventoryEditError(f"the inventory has no `{SERVING}` group")
-    standby, _ = _find(doc, STANDBY)
+    head, doc, serving, holder, standby = _open(text)
     if standby is None:
         holder[STANDBY] = standby = CommentedMap()
     for host in hosts:

@@ -15,12 +15,6 @@ from inferfleet.cli import app
 cli = CliRunner()
 
 
-@pytest.fixture
-def runs_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "RUNS_DIR", tmp_path / "runs")
-    return tmp_path / "runs"
-
-
 def inventory(tmp_path: Path, group_vars: dict) -> Path:
     inv = tmp_path / "inv"
     (inv / "group_vars").mkdir(parents=True)

@@ -12,7 +12,6 @@ import yaml
 from typer.testing import CliRunner
 
 from inferfleet import inventory_edit as edit
-from inferfleet import runner
 from inferfleet.cli import app
 
 cli = CliRunner()
@@ -125,12 +124,6 @@ def test_the_filters_name_whole_instances():
 
 
 # --- the CLI and the playbook's refusals ---------------------------------------------
-
-
-@pytest.fixture
-def runs_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "RUNS_DIR", tmp_path / "runs")
-    return tmp_path / "runs"
 
 
 def fleet(tmp_path: Path, hosts: dict) -> Path:
