@@ -8,12 +8,9 @@ import pytest
 
 pytestmark = pytest.mark.lab
 
-# gpu_host passes on its own (6 min) but failed once in a full run, cause not yet
-# found; monitoring passes on its own (10 min). Both stay out of CI until they are
-# reliable and the run has room: `molecule test -s gpu_host` / `-s monitoring`.
 # molecule/rolling is a link to molecule/replicated (one fleet, one converge: rolling
-# updates, canaries and rollback, then scaling in and out): CI runs it once, as
-# `replicated`.
+# updates, canaries and rollback, scaling in and out, the monitoring and its alerts):
+# CI runs it once, as `replicated`.
 SCENARIOS = ["default", "lb", "replicated"]
 
 

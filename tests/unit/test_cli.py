@@ -152,6 +152,60 @@ def test_status_shows_each_load_balancers_view_of_an_instance():
     assert lb_view(balancers, "node9") == "lb1: unknown, lb2: passive"
 
 
+def test_status_reads_prometheus_answers_per_instance_and_the_firing_alerts():
+    from inferfleet.commands.status import alert_line, prometheus_view
+
+    # The shape of Prometheus' /api/v1/query answer (data.result of an instant vector).
+    def sample(value, **labels):
+        return {"metric": labels, "value": [1764522000.0, value]}
+
+    msg = {
+        "answers": {
+            "requests_per_s": [
+                sample("1.5", inferfleet_instance="node1"),
+                sample("0", inferfleet_instance="node2"),
+            ],
+            # histogram_quantile over no requests is NaN: no figure, not 0 s.
+            "ttft_p95_s": [
+                sample("0.12", inferfleet_instance="node1"),
+                sample("NaN", inferfleet_instance="node2"),
+            ],
+            "kv_cache_use": [sample("0.25", inferfleet_instance="node1")],
+            "alerts": [
+                sample(
+                    "1",
+                    alertname="InferfleetEngineDown",
+                    alertstate="firing",
+                    severity="critical",
+                    instance="node2",
+                    inferfleet_instance="node2",
+                ),
+                sample(
+                    "1",
+                    alertname="InferfleetBackendDown",
+                    alertstate="firing",
+                    severity="warning",
+                    instance="lb",
+                    server="node2",
+                ),
+            ],
+        },
+        "errors": {},
+    }
+    view = prometheus_view("mon", msg)
+    assert view["instances"] == {
+        "node1": {"requests_per_s": 1.5, "ttft_p95_s": 0.12, "kv_cache_use": 0.25},
+        "node2": {"requests_per_s": 0.0},
+    }
+    assert [alert_line(a) for a in view["alerts"]] == [
+        "InferfleetBackendDown (warning) lb node2",
+        "InferfleetEngineDown (critical) node2",
+    ]
+    # Prometheus did not answer: no figures, and the error is kept for the operator.
+    down = prometheus_view("mon", {"answers": {"alerts": None}, "errors": {"alerts": "refused"}})
+    assert down == {"host": "mon", "instances": {}, "alerts": [], "errors": {"alerts": "refused"}}
+
+
 @pytest.mark.parametrize(
     "args, words",
     [

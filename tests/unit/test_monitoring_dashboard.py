@@ -19,8 +19,8 @@ DASHBOARD = REPO / "monitoring" / "dashboards" / "inferfleet-fleet.json"
 DOCS = REPO / "docs" / "monitoring.md"
 
 # The series the queries may read: vLLM's (engine job), HAProxy's exporter (loadbalancer
-# job), Prometheus's own ALERTS. molecule/monitoring checks the vllm: and haproxy_ names
-# against a live engine and load balancer.
+# job), Prometheus's own ALERTS. molecule/replicated checks the vllm: and haproxy_ names
+# against live engines and load balancers.
 KNOWN = re.compile(r"^(vllm:[a-z0-9_]+|haproxy_[a-z0-9_]+|http_requests_total|up|ALERTS)$")
 PROMQL_WORDS = {
     "sum", "max", "min", "count", "by", "rate", "histogram_quantile", "or", "vector", "and",

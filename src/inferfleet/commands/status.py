@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import typer
@@ -36,6 +37,41 @@ def lb_view(balancers: dict[str, dict], instance: str) -> str:
         else:
             views.append(f"{lb}: {(msg.get('backends') or {}).get(instance, 'unknown')}")
     return ", ".join(views)
+
+
+PROMETHEUS_FIGURES = ("requests_per_s", "ttft_p95_s", "kv_cache_use")
+
+
+def prometheus_view(host: str, msg: dict) -> dict:
+    """Per-instance figures and the firing alerts from the "Report Prometheus" message
+    (Prometheus' instant-query results: [{"metric": {...}, "value": [time, "text"]}])."""
+    answers = msg.get("answers") or {}
+    instances: dict[str, dict] = {}
+    for name in PROMETHEUS_FIGURES:
+        for sample in answers.get(name) or []:
+            value = float(sample["value"][1])
+            if math.isnan(value):  # a percentile over no requests
+                continue
+            instance = sample["metric"].get("inferfleet_instance", "")
+            instances.setdefault(instance, {})[name] = value
+    alerts = sorted(
+        (
+            {
+                "alert": s["metric"].get("alertname", ""),
+                "severity": s["metric"].get("severity", ""),
+                "instance": s["metric"].get("instance", ""),
+                "server": s["metric"].get("server", ""),
+            }
+            for s in answers.get("alerts") or []
+        ),
+        key=lambda a: (a["alert"], a["instance"], a["server"]),
+    )
+    return {
+        "host": host,
+        "instances": instances,
+        "alerts": alerts,
+        "errors": msg.get("errors") or {},
+    }
 
 
 def utilization(inventory: Path, seconds: float, as_json: bool) -> None:
@@ -88,6 +124,16 @@ def utilization(inventory: Path, seconds: float, as_json: bool) -> None:
     console.print(out["advice"])
 
 
+def alert_line(alert: dict) -> str:
+    """`InferfleetEngineDown (critical) node2`: the alert, its severity, where."""
+    where = " ".join(x for x in (alert["instance"], alert["server"]) if x)
+    return f"{alert['alert']} ({alert['severity']}) {where}".rstrip()
+
+
+def _figure(value: float | None, form: str) -> str:
+    return "-" if value is None else form.format(value)
+
+
 def status(
     inventory: Path | None = typer.Option(None, "-i", "--inventory", help="Inventory path."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
@@ -106,6 +152,10 @@ def status(
     )
     nodes = reports(result.events)
     balancers = reports(result.events, "Report backends")
+    prometheus = [
+        prometheus_view(h, m) for h, m in reports(result.events, "Report Prometheus").items()
+    ]
+    prom = prometheus[0] if prometheus else None
     rows = []
     for host, msg in sorted(
         nodes.items(), key=lambda kv: (kv[1]["instance"]["instance"], kv[1]["instance"]["rank"])
@@ -130,8 +180,17 @@ def status(
                 else "",
             }
         )
+        if prom is not None:
+            figures = (
+                prom["instances"].get(msg["instance"]["instance"], {})
+                if msg["instance"]["rank"] == 0
+                else {}
+            )
+            rows[-1].update({name: figures.get(name) for name in PROMETHEUS_FIGURES})
     if as_json:
-        print(json.dumps({"nodes": rows, "failures": result.failures}, indent=2))
+        print(
+            json.dumps({"nodes": rows, "prometheus": prom, "failures": result.failures}, indent=2)
+        )
     else:
         table = Table(title="inferfleet status")
         for col in (
@@ -147,7 +206,7 @@ def status(
             "waiting",
             "served",
             "load balancer",
-        ):
+        ) + (("req/s 5m", "TTFT p95", "KV") if prom else ()):
             table.add_column(col)
         for r in rows:
             table.add_row(
@@ -163,8 +222,25 @@ def status(
                 f"{r['waiting']:.0f}",
                 f"{r['served']:.0f}",
                 r["lb"],
+                *(
+                    (
+                        _figure(r["requests_per_s"], "{:.2f}"),
+                        _figure(r["ttft_p95_s"], "{:.3f} s"),
+                        _figure(r["kv_cache_use"], "{:.0%}"),
+                    )
+                    if prom
+                    else ()
+                ),
             )
         console.print(table)
+        if prom:
+            for name, error in prom["errors"].items():
+                console.print(f"[yellow]Prometheus on {prom['host']}: {name}: {error}[/]")
+            firing = [alert_line(a) for a in prom["alerts"]]
+            console.print(
+                f"alerts firing (Prometheus on {prom['host']}): "
+                + ("; ".join(firing) if firing else "none")
+            )
         for failure in result.failures:
             console.print(f"[red]{failure}[/]")
     raise typer.Exit(result.rc)
