@@ -6,10 +6,13 @@ nothing the lab made is left (containers, networks, generated inventory files).
 """
 
 import json
+import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 pytestmark = pytest.mark.lab
 
@@ -36,8 +39,57 @@ def _labelled(kind: str) -> list[str]:
     return done.stdout.split()
 
 
+LAB_HOSTS = ["inferfleet-lab-node1", "inferfleet-lab-node2", "inferfleet-lab-lb"]
+# Where a host keeps installed software and model weights: large, and written by no role
+# that handles a secret.
+SKIP_DIRS = ["venv", "wheelhouse", "models", "site-packages", "dist-packages", "__pycache__"]
+
+
+def _exec(host: str, script: str, stdin: str = "") -> str:
+    done = subprocess.run(
+        ["docker", "exec", "-i", host, "bash", "-c", script],
+        input=stdin,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode in (0, 123), done.stderr  # 123: xargs ran on nothing found
+    return done.stdout
+
+
+def secret_leaks(secrets: list[str], runs: Path, since: float) -> list[str]:
+    """Where the lab's secrets show outside their private files: the runs' records and
+    ansible-runner artifacts on the controller, and on each host every process's command
+    line, the whole journal and every world-readable file. The secrets reach the hosts'
+    grep on its standard input, never on a command line."""
+    found = []
+    for path in runs.rglob("*"):
+        if path.is_file() and path.stat().st_mtime >= since:
+            text = path.read_text(errors="replace")
+            found += [f"controller: {path}" for s in secrets if s in text]
+    excludes = " ".join(f"--exclude-dir={d}" for d in SKIP_DIRS)
+    for host in LAB_HOSTS:
+        for what, script in (
+            ("a command line", "ps -eo args"),
+            ("the journal", "journalctl -o cat --no-pager"),
+        ):
+            text = _exec(host, script)
+            found += [f"{host}: {what}" for s in secrets if s in text]
+        files = _exec(
+            host,
+            f"grep -rlsF -f /dev/stdin {excludes} /etc /opt /var /usr/local /root /home /run /tmp"
+            " | xargs -r stat -c '%a %U:%G %n'",
+            stdin="\n".join(secrets) + "\n",
+        )
+        assert files.strip(), f"{host}: no file holds a secret: is the search broken?"
+        for line in files.splitlines():
+            if int(line.split()[0], 8) & 0o004:
+                found.append(f"{host}: world-readable {line}")
+    return found
+
+
 def test_lab_up_status_verify_down(node_image, wheelhouse, repo_root, venv_bin):
     inventory = repo_root / "inventories" / "lab"
+    started = time.time()
     try:
         up = _cli(venv_bin, repo_root, "lab", "up")
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-2000:]
@@ -74,6 +126,15 @@ def test_lab_up_status_verify_down(node_image, wheelhouse, repo_root, venv_bin):
         assert failover["taken_out_after_s"] >= failover["unanswered_after_s"], failover
         assert failover["put_back_after_s"] >= failover["answers_again_after_s"], failover
         assert failover["served_after_back"] > 0, failover
+
+        # Secrets hygiene after deploy, status and verify (issue "hardening"). The
+        # S3 access key is an identifier, not a secret.
+        secrets_file = inventory / "group_vars" / "all" / "secrets.yml"
+        assert secrets_file.stat().st_mode & 0o777 == 0o600
+        values = yaml.safe_load(secrets_file.read_text())
+        secrets = [v for k, v in values.items() if k != "inferfleet_lab_s3_access_key"]
+        runs = Path(os.environ.get("INFERFLEET_RUNS_DIR", repo_root / "runs"))
+        assert secret_leaks(secrets, runs, started) == []
     finally:
         down = _cli(venv_bin, repo_root, "lab", "down", timeout=300)
     assert down.returncode == 0, down.stdout + down.stderr
