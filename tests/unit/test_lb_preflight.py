@@ -127,6 +127,10 @@ CASES = {
         _inventory(lb={"load_balancer_tls_certificate": "-----BEGIN CERTIFICATE-----\nx\n"}),
         ["load_balancer_tls_certificate", "load_balancer_tls_key", "or neither"],
     ),
+    "HSTS without TLS": (
+        _inventory(lb={"load_balancer_hsts_max_age": 31536000}),
+        ["load_balancer_hsts_max_age is whole seconds (0 = off) and needs TLS", "31536000, TLS off"],
+    ),
     "retry that replays a request an engine may have died on": (
         _inventory(lb={"load_balancer_retry_on": ["conn-failure", "empty-response", 503]}),
         ["load_balancer_retry_on may hold conn-failure and HTTP statuses", "remove empty-response"],

@@ -71,11 +71,13 @@ def _variants(tls: tuple[str, str]) -> dict[str, dict]:
         "nginx": {"load_balancer_kind": "nginx", **secure},
         "haproxy_tls": {
             "load_balancer_kind": "haproxy", "load_balancer_port": 443,
-            "load_balancer_tls_certificate": tls[0], "load_balancer_tls_key": tls[1], **secure,
+            "load_balancer_tls_certificate": tls[0], "load_balancer_tls_key": tls[1],
+            "load_balancer_hsts_max_age": 31536000, **secure,
         },
         "nginx_tls": {
             "load_balancer_kind": "nginx", "load_balancer_port": 443,
-            "load_balancer_tls_certificate": tls[0], "load_balancer_tls_key": tls[1], **secure,
+            "load_balancer_tls_certificate": tls[0], "load_balancer_tls_key": tls[1],
+            "load_balancer_hsts_max_age": 31536000, **secure,
         },
         "haproxy_open": {
             "load_balancer_kind": "haproxy", "load_balancer_api_keys_required": False,
@@ -316,6 +318,10 @@ def test_haproxy_tls_terminates_only_when_given(two):
     assert stat.S_IMODE(pem.stat().st_mode) == 0o600
     assert "PRIVATE KEY" in pem.read_text() and "BEGIN CERTIFICATE" in pem.read_text()
     assert not (two / "haproxy" / "inferfleet-tls.pem").exists()
+    hsts = 'http-after-response set-header Strict-Transport-Security "max-age=31536000"'
+    assert hsts in tls
+    plain = _section((two / "haproxy" / "haproxy.cfg").read_text(), "frontend inferfleet_public")
+    assert not [line for line in plain if "Strict-Transport-Security" in line]
 
 
 def test_haproxy_open_endpoint_limits_per_client_address(two):
@@ -411,6 +417,9 @@ def test_nginx_admin_endpoint_is_apart(two):
     assert "stub_status;" in lines
     tls = _directives((two / "nginx_tls" / "nginx.conf").read_text())
     assert "listen 0.0.0.0:443 ssl;" in tls
+    assert "ssl_protocols TLSv1.2 TLSv1.3;" in tls
+    assert 'add_header Strict-Transport-Security "max-age=31536000" always;' in tls
+    assert not [line for line in lines if "Strict-Transport-Security" in line]
 
 
 def test_nginx_key_patterns_match_exactly(two):
