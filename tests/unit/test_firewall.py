@@ -26,8 +26,9 @@ ROLE = REPO / "roles" / "firewall"
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 DOCS = REPO / "docs" / "security.md"
 
-_spec = importlib.util.spec_from_file_location("firewall_filters",
-                                               ROLE / "filter_plugins" / "firewall.py")
+_spec = importlib.util.spec_from_file_location(
+    "firewall_filters", ROLE / "filter_plugins" / "firewall.py"
+)
 fw = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fw)
 
@@ -35,8 +36,12 @@ ENGINES = {
     "rep1": {"ansible_host": "10.0.0.11"},
     "rep2": {"ansible_host": "10.0.0.12", "inference_engine_port": 8001},
     "big0": {"ansible_host": "10.0.0.21", "inferfleet_instance": "big"},
-    "big1": {"inferfleet_address": "10.0.1.22", "ansible_host": "big1.example.com",
-             "inferfleet_instance": "big", "inferfleet_accelerator": "cpu"},
+    "big1": {
+        "inferfleet_address": "10.0.1.22",
+        "ansible_host": "big1.example.com",
+        "inferfleet_instance": "big",
+        "inferfleet_accelerator": "cpu",
+    },
 }
 LBS = {
     "lb1": {"ansible_host": "10.0.0.1"},
@@ -149,15 +154,21 @@ def test_extra_rules_are_added():
 
 # --- Addresses ---------------------------------------------------------------------------
 def test_address_comes_from_inferfleet_address_then_ansible_host_then_facts():
-    facts = {"ansible_facts": {"default_ipv4": {"address": "10.5.0.1"},
-                               "default_ipv6": {"address": "2001:db8::5"}}}
-    assert fw.host_addresses("a", {"inferfleet_address": "10.1.0.1", "ansible_host": "10.2.0.1",
-                                   **facts}) == ["10.1.0.1"]
-    assert fw.host_addresses("a", {"inferfleet_address": ["10.1.0.1", "2001:db8::1"]}) == [
-        "10.1.0.1", "2001:db8::1"]
+    facts = {
+        "ansible_facts": {
+            "default_ipv4": {"address": "10.5.0.1"},
+            "default_ipv6": {"address": "2001:db8::5"},
+        }
+    }
+    assert fw.host_addresses(
+        "a", {"inferfleet_address": "10.1.0.1", "ansible_host": "10.2.0.1", **facts}
+    ) == ["10.1.0.1"]
+    assert fw.host_addresses("a", {"inferfleet_address": "2001:db8::1"}) == ["2001:db8::1"]
     assert fw.host_addresses("a", {"ansible_host": "10.2.0.1", **facts}) == ["10.2.0.1"]
     assert fw.host_addresses("a", {"ansible_host": "a.example.com", **facts}) == [
-        "10.5.0.1", "2001:db8::5"]
+        "10.5.0.1",
+        "2001:db8::5",
+    ]
 
 
 def test_a_host_name_is_never_used_as_an_address():
@@ -168,8 +179,11 @@ def test_a_host_name_is_never_used_as_an_address():
 
 
 def test_only_hosts_without_an_ip_and_facts_need_facts():
-    hostvars = {**HOSTVARS, "named": {"ansible_host": "n.example.com"},
-                "gathered": {"ansible_facts": {"default_ipv4": {"address": "10.3.0.1"}}}}
+    hostvars = {
+        **HOSTVARS,
+        "named": {"ansible_host": "n.example.com"},
+        "gathered": {"ansible_facts": {"default_ipv4": {"address": "10.3.0.1"}}},
+    }
     hosts = [*HOSTVARS, "named", "gathered"]
     assert fw.firewall_hosts_needing_facts(hosts, hostvars) == ["named"]
 
@@ -181,18 +195,29 @@ def test_a_peer_without_an_address_is_refused_with_its_name():
 
 
 # --- Bad settings -------------------------------------------------------------------------
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"client_networks": ["10.0.0.0/33"]}, "firewall_client_networks: '10.0.0.0/33' is not a network"),
-    ({"admin_networks": ["10.0.0.1/8"]}, "did you mean 10.0.0.0/8"),
-    ({"admin_networks": ["office"]}, "firewall_admin_networks: 'office' is not a network"),
-    ({"group_port_ranges": ["40000-30000"]}, "firewall_group_port_ranges: '40000-30000' is out of range"),
-    ({"ray_ports": [70000]}, "firewall_ray_ports: 70000 is out of range"),
-    ({"ray_ports": ["ray"]}, "firewall_ray_ports: 'ray' is not a port"),
-    ({"ssh_port": 0}, "firewall_ssh_port: 0 is out of range"),
-    ({"extra_rules": [{"port": 5000}]}, r"firewall_extra_rules\[0\]: write each extra rule"),
-    ({"extra_rules": [{"port": 5000, "sources": ["10.0.0.0/8"], "proto": "sctp"}]},
-     "proto 'sctp' must be one of tcp, udp"),
-])
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"client_networks": ["10.0.0.0/33"]},
+            "firewall_client_networks: '10.0.0.0/33' is not a network",
+        ),
+        ({"admin_networks": ["10.0.0.1/8"]}, "did you mean 10.0.0.0/8"),
+        ({"admin_networks": ["office"]}, "firewall_admin_networks: 'office' is not a network"),
+        (
+            {"group_port_ranges": ["40000-30000"]},
+            "firewall_group_port_ranges: '40000-30000' is out of range",
+        ),
+        ({"ray_ports": [70000]}, "firewall_ray_ports: 70000 is out of range"),
+        ({"ray_ports": ["ray"]}, "firewall_ray_ports: 'ray' is not a port"),
+        ({"ssh_port": 0}, "firewall_ssh_port: 0 is out of range"),
+        ({"extra_rules": [{"port": 5000}]}, r"firewall_extra_rules\[0\]: write each extra rule"),
+        (
+            {"extra_rules": [{"port": 5000, "sources": ["10.0.0.0/8"], "proto": "sctp"}]},
+            "proto 'sctp' must be one of tcp, udp",
+        ),
+    ],
+)
 def test_bad_settings_are_refused_with_the_variable_to_change(changes, message):
     with pytest.raises(fw.FirewallError, match=message):
         fw.firewall_rules("big0", GROUPS, HOSTVARS, options(**changes))
@@ -237,30 +262,50 @@ def _nft() -> str:
     found = shutil.which("nft") or ("/usr/sbin/nft" if os.path.exists("/usr/sbin/nft") else "")
     if not found:
         pytest.skip("nft is missing: install Debian's nftables package to check the rendered rules")
-    probe = subprocess.run([found, "-c", "-f", "-"], input="table inet probe {}\n",
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [found, "-c", "-f", "-"], input="table inet probe {}\n", capture_output=True, text=True
+    )
     if probe.returncode != 0:
-        pytest.skip(f"nft -c cannot ask the kernel here (needs root / CAP_NET_ADMIN): "
-                    f"{probe.stderr.strip()}")
+        pytest.skip(
+            f"nft -c cannot ask the kernel here (needs root / CAP_NET_ADMIN): "
+            f"{probe.stderr.strip()}"
+        )
     return found
 
 
-def _playbook(tmp: Path, text: str, hostvars: dict, group_vars: dict | None = None,
-              env: dict | None = None) -> subprocess.CompletedProcess:
+def _playbook(
+    tmp: Path, text: str, hostvars: dict, group_vars: dict | None = None, env: dict | None = None
+) -> subprocess.CompletedProcess:
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    hosts = {name: {**local, **hv, "firewall_config_dir": str(tmp / name)}
-             for name, hv in hostvars.items()}
-    inventory = {"all": {"vars": {"firewall_admin_networks": ADMINS, **(group_vars or {})},
-                         "children": {group: {"hosts": {h: hosts[h] for h in members}}
-                                      for group, members in GROUPS.items()}}}
+    hosts = {
+        name: {**local, **hv, "firewall_config_dir": str(tmp / name)}
+        for name, hv in hostvars.items()
+    }
+    inventory = {
+        "all": {
+            "vars": {"firewall_admin_networks": ADMINS, **(group_vars or {})},
+            "children": {
+                group: {"hosts": {h: hosts[h] for h in members}}
+                for group, members in GROUPS.items()
+            },
+        }
+    }
     (tmp / "inventory.yml").write_text(yaml.safe_dump(inventory))
     (tmp / "play.yml").write_text(text)
-    run_env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               **(env or {})}
+    run_env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_NOCOLOR": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        **(env or {}),
+    }
     return subprocess.run(
         [str(ANSIBLE_PLAYBOOK), "-i", str(tmp / "inventory.yml"), str(tmp / "play.yml")],
-        cwd=REPO, env=run_env, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -271,8 +316,9 @@ def rendered(tmp_path_factory) -> Path:
     run = _playbook(tmp, RENDER, HOSTVARS)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     for host in HOSTVARS:
-        check = subprocess.run([nft, "-c", "-f", str(tmp / host / "firewall.nft")],
-                               capture_output=True, text=True)
+        check = subprocess.run(
+            [nft, "-c", "-f", str(tmp / host / "firewall.nft")], capture_output=True, text=True
+        )
         assert check.returncode == 0, f"{host}: {check.stderr}"
     return tmp
 
@@ -285,11 +331,17 @@ def test_the_file_replaces_only_our_table(rendered):
     text = _text(rendered, "lb1")
     assert "flush ruleset" not in text
     statements = [line for line in text.splitlines() if line and not line.startswith("#")]
-    assert statements[:3] == ["table inet inferfleet {}", "delete table inet inferfleet",
-                              "table inet inferfleet {"]
+    assert statements[:3] == [
+        "table inet inferfleet {}",
+        "delete table inet inferfleet",
+        "table inet inferfleet {",
+    ]
     assert "policy drop;" in text
-    for base in ('iif "lo" accept', "ct state established,related accept",
-                 "meta l4proto { icmp, ipv6-icmp } accept"):
+    for base in (
+        'iif "lo" accept',
+        "ct state established,related accept",
+        "meta l4proto { icmp, ipv6-icmp } accept",
+    ):
         assert base in text
 
 
@@ -303,14 +355,24 @@ def test_the_rendered_rules_split_addresses_by_family(rendered):
     assert "dport 8000" not in lb1
 
 
+def test_a_published_container_port_is_guarded_where_docker_forwards_it(rendered):
+    # the DCGM exporter runs in Docker with --publish: its traffic is forwarded
+    big0 = _text(rendered, "big0")
+    forward = big0.split("chain forward {", 1)[1]
+    assert (
+        "ct status dnat meta l4proto tcp ct original proto-dst 9400 ip saddr { 10.0.0.5 } accept"
+    ) in forward
+    assert "ct original proto-dst 9400 counter drop" in forward
+    assert "chain forward" not in _text(rendered, "big1")  # CPU node: no DCGM exporter
+
+
 def test_the_rendered_file_is_root_only(rendered):
     assert (rendered / "mon" / "firewall.nft").stat().st_mode & 0o777 == 0o600
 
 
 def _preflight(tmp: Path, group_vars: dict, env: dict | None = None):
     _nft()
-    return _playbook(tmp, PREFLIGHT, HOSTVARS, group_vars,
-                     {"SSH_CONNECTION": "", **(env or {})})
+    return _playbook(tmp, PREFLIGHT, HOSTVARS, group_vars, {"SSH_CONNECTION": "", **(env or {})})
 
 
 def test_preflight_refuses_a_bad_network_naming_the_variable(tmp_path):
@@ -389,6 +451,7 @@ def test_overlapping_sources_still_load(tmp_path):
     nft = _nft()
     run = _playbook(tmp_path, RENDER, HOSTVARS, {"firewall_admin_networks": ["10.0.0.0/8"]})
     assert run.returncode == 0, run.stdout[-6000:]
-    check = subprocess.run([nft, "-c", "-f", str(tmp_path / "rep1" / "firewall.nft")],
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        [nft, "-c", "-f", str(tmp_path / "rep1" / "firewall.nft")], capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stderr

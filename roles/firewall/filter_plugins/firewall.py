@@ -5,8 +5,8 @@ accepts besides loopback, established/related traffic and ICMP: each rule is a p
 a port or port range, and the source addresses or networks allowed to reach it. The
 template (templates/firewall.nft.j2) only writes them out.
 
-A host's address, as its peers' packets carry it: `inferfleet_address` (one address or a
-list), else `ansible_host` when it is an IP address, else the default IPv4 and IPv6
+A host's address, as its peers' packets carry it: `inferfleet_address` (the address the
+CLI also uses), else `ansible_host` when it is an IP address, else the default IPv4 and IPv6
 addresses from the host's gathered facts. A name is never used: nft would resolve it once,
 at load time, and a later DNS change would silently change who gets in. The preflight
 gathers the network facts of hosts that need them (`firewall_hosts_needing_facts`).
@@ -47,14 +47,12 @@ def explicit_address(host: str, hv: Mapping) -> list[str]:
     ansible_host); [] when only facts can tell."""
     given = hv.get("inferfleet_address")
     if given:
-        values = [given] if isinstance(given, str) else list(given)
-        bad = [v for v in values if _ip(v) is None]
-        if bad:
+        if _ip(given) is None:
             raise FirewallError(
-                f"{host}: inferfleet_address {bad[0]!r} is not an IP address: set it to the "
-                "address (or list of addresses) the host's peers see it at"
+                f"{host}: inferfleet_address {given!r} is not an IP address: set it to the "
+                "address the host's peers (and the CLI) reach it at"
             )
-        return [_ip(v) for v in values]
+        return [_ip(given)]
     address = _ip(hv.get("ansible_host", ""))
     return [address] if address else []
 
@@ -103,7 +101,7 @@ def ports(value, variable: str) -> str:
         first, last = int(low), int(high or low)
     except ValueError as err:
         raise FirewallError(
-            f"{variable}: {value!r} is not a port or a range: write 8000 or \"30000-30100\""
+            f'{variable}: {value!r} is not a port or a range: write 8000 or "30000-30100"'
         ) from err
     if not 1 <= first <= last <= 65535:
         raise FirewallError(
@@ -112,12 +110,22 @@ def ports(value, variable: str) -> str:
     return str(first) if first == last else f"{first}-{last}"
 
 
-def _rule(comment: str, port, sources: Sequence[str], variable: str, proto: str = "tcp") -> dict:
+def _rule(
+    comment: str,
+    port,
+    sources: Sequence[str],
+    variable: str,
+    proto: str = "tcp",
+    published: bool = False,
+) -> dict:
+    """`published`: the port is a container's, published by Docker (-p), so its traffic is
+    forwarded rather than delivered to the host; the template guards it in `forward`."""
     return {
         "comment": comment,
         "proto": proto,
         "ports": ports(port, variable),
         "sources": sorted(set(sources), key=lambda s: (":" in s, s)),
+        "published": published,
     }
 
 
@@ -146,8 +154,9 @@ def firewall_rules(host: str, groups: Mapping, hostvars: Mapping, options: Mappi
     watchers = _addresses(list(groups.get(options["monitoring_group"], [])), hostvars)
     rules = []
     if admins:
-        rules.append(_rule("SSH from the admin networks", options["ssh_port"], admins,
-                           "firewall_ssh_port"))
+        rules.append(
+            _rule("SSH from the admin networks", options["ssh_port"], admins, "firewall_ssh_port")
+        )
 
     if host in groups.get("inference", []):
         try:
@@ -157,45 +166,85 @@ def firewall_rules(host: str, groups: Mapping, hostvars: Mapping, options: Mappi
         peers = next(m for m in by_instance.values() if host in m)
         peers = [p for p in peers if p != host]
         engine = hv.get("inference_engine_port", options["engine_port"])
-        rules.append(_rule("engine API from load balancers, monitoring and admins", engine,
-                           balancers + watchers + admins, "inference_engine_port"))
+        rules.append(
+            _rule(
+                "engine API from load balancers, monitoring and admins",
+                engine,
+                balancers + watchers + admins,
+                "inference_engine_port",
+            )
+        )
         group = [
-            ("engine API between instance members (fabric_preflight)", engine,
-             "inference_engine_port"),
-            ("distributed master port between instance members",
-             hv.get("inference_engine_master_port", options["master_port"]),
-             "inference_engine_master_port"),
+            (
+                "engine API between instance members (fabric_preflight)",
+                engine,
+                "inference_engine_port",
+            ),
+            (
+                "distributed master port between instance members",
+                hv.get("inference_engine_master_port", options["master_port"]),
+                "inference_engine_master_port",
+            ),
         ]
-        group += [("Ray between instance members", p, "firewall_ray_ports")
-                  for p in options["ray_ports"]]
-        group += [("NCCL/Gloo between instance members", p, "firewall_group_port_ranges")
-                  for p in options["group_port_ranges"]]
+        group += [
+            ("Ray between instance members", p, "firewall_ray_ports") for p in options["ray_ports"]
+        ]
+        group += [
+            ("NCCL/Gloo between instance members", p, "firewall_group_port_ranges")
+            for p in options["group_port_ranges"]
+        ]
         sources = _addresses(peers, hostvars)
         if sources:
             rules += [_rule(comment, port, sources, variable) for comment, port, variable in group]
         gpu = str(hv.get("inferfleet_accelerator", "nvidia")) == "nvidia"
         if gpu and _on(hv.get("monitoring_dcgm_exporter_enabled", True)):
-            rules.append(_rule("DCGM exporter from monitoring",
-                               hv.get("monitoring_dcgm_exporter_port", options["dcgm_exporter_port"]),
-                               watchers, "monitoring_dcgm_exporter_port"))
+            rules.append(
+                _rule(
+                    "DCGM exporter from monitoring",
+                    hv.get("monitoring_dcgm_exporter_port", options["dcgm_exporter_port"]),
+                    watchers,
+                    "monitoring_dcgm_exporter_port",
+                    published=True,
+                )
+            )
 
     if host in groups.get("loadbalancers", []):
-        rules.append(_rule("public API from the client networks",
-                           hv.get("load_balancer_port", options["lb_port"]),
-                           clients, "load_balancer_port"))
-        rules.append(_rule("load balancer stats and metrics from monitoring and admins",
-                           hv.get("load_balancer_admin_port", options["lb_admin_port"]),
-                           watchers + admins, "load_balancer_admin_port"))
+        rules.append(
+            _rule(
+                "public API from the client networks",
+                hv.get("load_balancer_port", options["lb_port"]),
+                clients,
+                "load_balancer_port",
+            )
+        )
+        rules.append(
+            _rule(
+                "load balancer stats and metrics from monitoring and admins",
+                hv.get("load_balancer_admin_port", options["lb_admin_port"]),
+                watchers + admins,
+                "load_balancer_admin_port",
+            )
+        )
 
     if host in groups.get(options["monitoring_group"], []):
-        rules.append(_rule("Prometheus from the admin networks",
-                           hv.get("monitoring_prometheus_port", options["prometheus_port"]),
-                           admins, "monitoring_prometheus_port"))
+        rules.append(
+            _rule(
+                "Prometheus from the admin networks",
+                hv.get("monitoring_prometheus_port", options["prometheus_port"]),
+                admins,
+                "monitoring_prometheus_port",
+            )
+        )
 
     if _on(hv.get("monitoring_node_exporter_enabled", True)):
-        rules.append(_rule("node exporter from monitoring",
-                           hv.get("monitoring_node_exporter_port", options["node_exporter_port"]),
-                           watchers, "monitoring_node_exporter_port"))
+        rules.append(
+            _rule(
+                "node exporter from monitoring",
+                hv.get("monitoring_node_exporter_port", options["node_exporter_port"]),
+                watchers,
+                "monitoring_node_exporter_port",
+            )
+        )
 
     for index, extra in enumerate(options["extra_rules"]):
         rules.append(_extra(extra, f"firewall_extra_rules[{index}]"))
