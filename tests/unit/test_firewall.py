@@ -210,7 +210,7 @@ def test_a_peer_without_an_address_is_refused_with_its_name():
         ),
         ({"ray_ports": [70000]}, "firewall_ray_ports: 70000 is out of range"),
         ({"ray_ports": ["ray"]}, "firewall_ray_ports: 'ray' is not a port"),
-        ({"ssh_port": 0}, "firewall_ssh_port: 0 is out of range"),
+        ({"ssh_port": 0, "admin_networks": []}, "firewall_ssh_port: 0 is out of range"),
         ({"extra_rules": [{"port": 5000}]}, r"firewall_extra_rules\[0\]: write each extra rule"),
         (
             {"extra_rules": [{"port": 5000, "sources": ["10.0.0.0/8"], "proto": "sctp"}]},

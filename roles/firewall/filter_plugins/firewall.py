@@ -152,11 +152,10 @@ def firewall_rules(host: str, groups: Mapping, hostvars: Mapping, options: Mappi
     admins = [network(n, "firewall_admin_networks") for n in options["admin_networks"]]
     balancers = _addresses(list(groups.get("loadbalancers", [])), hostvars)
     watchers = _addresses(list(groups.get(options["monitoring_group"], [])), hostvars)
+    ssh = ports(options["ssh_port"], "firewall_ssh_port")  # checked even when unused
     rules = []
     if admins:
-        rules.append(
-            _rule("SSH from the admin networks", options["ssh_port"], admins, "firewall_ssh_port")
-        )
+        rules.append(_rule("SSH from the admin networks", ssh, admins, "firewall_ssh_port"))
 
     if host in groups.get("inference", []):
         try:
