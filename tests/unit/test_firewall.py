@@ -390,6 +390,12 @@ def test_preflight_refuses_to_shut_the_ssh_controller_out(tmp_path):
     assert ok.returncode == 0, ok.stdout[-4000:]
 
 
+def test_preflight_accepts_no_admin_network_without_ssh(tmp_path):
+    # local or docker connections: nothing to lock out
+    run = _preflight(tmp_path, {"firewall_admin_networks": []})
+    assert run.returncode == 0, run.stdout[-4000:]
+
+
 def test_preflight_refuses_a_short_revert(tmp_path):
     run = _preflight(tmp_path, {"firewall_revert_seconds": 5})
     assert run.returncode != 0 and "set it to 30 or more" in run.stdout
