@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Send requests through a load balancer and summarise what came back (molecule/lb only).
 
-Prints one JSON object: the count of each status (or "error" for a failed connection),
+Prints one JSON object: the count of each status (or "error" for a failed connection,
+with the reason in "errors": a refused connection, or a timeout where a firewall drops),
 the count of each backend that answered (the fake engines name themselves), and for a
 stream the seconds to its first and last byte.
 """
@@ -15,9 +16,9 @@ from collections import Counter
 from urllib.parse import urlsplit
 
 
-def one(url, method, key, body, stream):
+def one(url, method, key, body, stream, timeout=30.0):
     parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=30)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -59,6 +60,7 @@ def main():
     parser.add_argument("--count", type=int, default=1)
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--key-env", default="LB_KEY", help="environment variable with the key")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per connection")
     args = parser.parse_args()
     key = os.environ.get(args.key_env, "")
     payload = {"model": "fake", "prompt": "hi", "max_tokens": 4}
@@ -67,16 +69,26 @@ def main():
     body = json.dumps(payload)
     statuses, backends, errors, timings, headers = Counter(), Counter(), [], [], {}
     for _ in range(args.count):
-        status, served_by, first, last, headers = one(args.url, args.method, key, body,
-                                                      args.stream)
+        status, served_by, first, last, headers = one(
+            args.url, args.method, key, body, args.stream, args.timeout
+        )
         statuses[status] += 1
         if status == "error":
             errors.append(served_by)
         elif served_by:
             backends[served_by] += 1
         timings.append({"first_byte_s": first, "last_byte_s": last})
-    print(json.dumps({"status": statuses, "served_by": backends, "errors": errors,
-                      "timings": timings, "last_headers": headers}))
+    print(
+        json.dumps(
+            {
+                "status": statuses,
+                "served_by": backends,
+                "errors": errors,
+                "timings": timings,
+                "last_headers": headers,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
