@@ -129,7 +129,10 @@ CASES = {
     ),
     "HSTS without TLS": (
         _inventory(lb={"load_balancer_hsts_max_age": 31536000}),
-        ["load_balancer_hsts_max_age is whole seconds (0 = off) and needs TLS", "31536000, TLS off"],
+        [
+            "load_balancer_hsts_max_age is whole seconds (0 = off) and needs TLS",
+            "31536000, TLS off",
+        ],
     ),
     "retry that replays a request an engine may have died on": (
         _inventory(lb={"load_balancer_retry_on": ["conn-failure", "empty-response", 503]}),
