@@ -5,9 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # System tools: debootstrap builds the node image; haproxy and nginx validate rendered
-# configurations in the unit tests; promtool (Debian's prometheus) tests the alert rules. Installed only where missing, only as root on Debian.
+# configurations in the unit tests; promtool (Debian's prometheus) tests the alert rules;
+# nft (nftables) checks the firewall's rendered rules. Installed only where missing, only
+# as root on Debian.
 missing=()
-for tool in debootstrap:debootstrap haproxy:haproxy nginx:nginx-light promtool:prometheus; do
+for tool in debootstrap:debootstrap haproxy:haproxy nginx:nginx-light promtool:prometheus nft:nftables; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${tool%%:*}" ] || missing+=("${tool#*:}")
 done
 if [ ${#missing[@]} -gt 0 ]; then

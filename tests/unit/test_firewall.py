@@ -261,13 +261,13 @@ PREFLIGHT = """\
 def _nft() -> str:
     found = shutil.which("nft") or ("/usr/sbin/nft" if os.path.exists("/usr/sbin/nft") else "")
     if not found:
-        pytest.skip("nft is missing: install Debian's nftables package to check the rendered rules")
+        pytest.fail("nft is missing: run `make setup` (it installs Debian's nftables package)")
     probe = subprocess.run(
         [found, "-c", "-f", "-"], input="table inet probe {}\n", capture_output=True, text=True
     )
     if probe.returncode != 0:
-        pytest.skip(
-            f"nft -c cannot ask the kernel here (needs root / CAP_NET_ADMIN): "
+        pytest.fail(
+            f"nft -c cannot ask the kernel here (run the tests as root or with CAP_NET_ADMIN): "
             f"{probe.stderr.strip()}"
         )
     return found
