@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
+from inferfleet.group import group_problems
 from inferfleet.instances import InventoryError, instances, rank_of, serving_nodes
 
 
@@ -44,6 +45,11 @@ def _balancers(hosts, hostvars, kind):
     return [h for h in hosts if hostvars[h].get("load_balancer_kind", "haproxy") == kind]
 
 
+def _group_problems(members, instance):
+    """What stops a multi-node instance from starting (inferfleet.group)."""
+    return group_problems(instance, members)
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -53,4 +59,5 @@ class FilterModule:
             "inferfleet_serving_nodes_of": _serving_of,
             "inferfleet_members_of": _members_of,
             "inferfleet_balancers": _balancers,
+            "inferfleet_group_problems": _group_problems,
         }

@@ -41,7 +41,16 @@ MANAGED_FLAGS = {
     "--no-enable-prefix-caching": "inference_engine_enable_prefix_caching",
     "--shutdown-timeout": "inference_engine_shutdown_timeout",
     "--api-key": "inference_engine_api_key",
+    # A multi-node instance's flags come from the inventory (inferfleet_instance).
+    "--nnodes": "inferfleet_instance",
+    "--node-rank": "inferfleet_rank",
+    "--master-addr": "inference_engine_group_address (of rank 0)",
+    "--master-port": "inference_engine_master_port",
+    "--headless": "inferfleet_rank",
+    "--distributed-executor-backend": "inference_engine_group_backend",
 }
+
+GROUP_BACKENDS = ("native", "ray")
 
 # Settings that only mean something on GPUs: not rendered under accelerator cpu.
 GPU_ONLY = ("gpu_memory_utilization",)
@@ -78,8 +87,112 @@ def serve_args(s: Mapping[str, Any]) -> list[str]:
     if prefix is not None and prefix != "":
         args.append("--enable-prefix-caching" if _truthy(prefix) else "--no-enable-prefix-caching")
     flag("--shutdown-timeout", "shutdown_timeout")
+    args.extend(group_args(s.get("group")))
     args.extend(str(a) for a in s.get("extra_args") or [])
     return args
+
+
+def _group(g: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A multi-node instance's settings, checked; None for a single-node instance.
+
+    Keys: backend (native or ray), size (nodes), rank, master_addr (rank 0's address on
+    the group network), master_port, address and interface (this node's), nccl_env,
+    ray_port.
+    """
+    if not g or int(g.get("size") or 1) <= 1:
+        return None
+    backend = g.get("backend") or "native"
+    if backend not in GROUP_BACKENDS:
+        raise ValueError(f"group backend must be one of {GROUP_BACKENDS}, not {backend!r}")
+    size, rank = int(g["size"]), int(g["rank"])
+    if not 0 <= rank < size:
+        raise ValueError(f"rank {rank} is outside the group of {size} nodes")
+    if not _set(g.get("master_addr")):
+        raise ValueError("a multi-node instance needs rank 0's address (master_addr)")
+    if backend == "native" and not _set(g.get("master_port")):
+        raise ValueError("a multi-node instance needs the master port (master_port)")
+    return {**g, "backend": backend, "size": size, "rank": rank}
+
+
+def group_args(g: Mapping[str, Any] | None) -> list[str]:
+    """`vllm serve` flags that make one node part of a multi-node instance.
+
+    native: vLLM's own multi-node runtime (torch.distributed over the master port);
+    every rank runs `vllm serve`, ranks > 0 headless. ray: rank 0 alone runs `vllm serve`
+    on the Ray cluster its members form (see ray_start_args).
+    """
+    group = _group(g)
+    if group is None:
+        return []
+    if group["backend"] == "ray":
+        if group["rank"] > 0:
+            raise ValueError("under the ray backend only rank 0 runs vllm serve")
+        return ["--distributed-executor-backend", "ray"]
+    args = ["--nnodes", str(group["size"]), "--node-rank", str(group["rank"]),
+            "--master-addr", str(group["master_addr"]), "--master-port", str(group["master_port"])]
+    if group["rank"] > 0:
+        args.append("--headless")
+    return args
+
+
+def group_environment(g: Mapping[str, Any] | None) -> dict[str, str]:
+    """The group network for torch.distributed, NCCL, Gloo (and Ray): this node's own
+    address and interface, so none of them guesses (a wrong guess is the classic hang)."""
+    group = _group(g)
+    if group is None:
+        return {}
+    env = {}
+    if _set(group.get("address")):
+        env["VLLM_HOST_IP"] = str(group["address"])
+    if _set(group.get("interface")):
+        env["NCCL_SOCKET_IFNAME"] = str(group["interface"])
+        env["GLOO_SOCKET_IFNAME"] = str(group["interface"])
+    for key, value in (group.get("nccl_env") or {}).items():
+        if not str(key).startswith("NCCL_"):
+            raise ValueError(f"nccl_env holds {key}: only NCCL_* variables belong there")
+        env[str(key)] = str(value)
+    if group["backend"] == "ray":
+        env["RAY_ADDRESS"] = f"{group['master_addr']}:{group['ray_port']}"
+        if _truthy(group.get("ray_auth")):
+            env["RAY_AUTH_MODE"] = "token"  # the token itself is in the secret file
+    return env
+
+
+def ray_start_args(r: Mapping[str, Any]) -> list[str]:
+    """`ray start` arguments for one member of a Ray-backed instance: the head on rank 0,
+    a worker joining it elsewhere. Every port is explicit (the firewall opens exactly
+    these, between members only) and the dashboard binds the node's group address.
+
+    Keys: rank, address (this node's), master_addr (the head's), port, dashboard_port,
+    client_port, node_manager_port, object_manager_port, agent_port, agent_listen_port,
+    metrics_port,
+    runtime_env_agent_port, min_worker_port, max_worker_port, num_gpus (None on CPU).
+    """
+    args = ["start", "--block", "--disable-usage-stats", "--node-ip-address", str(r["address"])]
+    if int(r["rank"]) == 0:
+        args += ["--head", "--port", str(r["port"]), "--dashboard-host", str(r["address"]),
+                 "--dashboard-port", str(r["dashboard_port"]),
+                 "--ray-client-server-port", str(r["client_port"])]
+    else:
+        args += ["--address", f"{r['master_addr']}:{r['port']}"]
+    args += ["--node-manager-port", str(r["node_manager_port"]),
+             "--object-manager-port", str(r["object_manager_port"]),
+             "--dashboard-agent-grpc-port", str(r["agent_port"]),
+             "--dashboard-agent-listen-port", str(r["agent_listen_port"]),
+             "--metrics-export-port", str(r["metrics_port"]),
+             "--runtime-env-agent-port", str(r["runtime_env_agent_port"]),
+             "--min-worker-port", str(r["min_worker_port"]),
+             "--max-worker-port", str(r["max_worker_port"])]
+    if _set(r.get("num_gpus")):
+        args += ["--num-gpus", str(r["num_gpus"])]
+    return args
+
+
+def ray_ports(r: Mapping[str, Any]) -> list[str]:
+    """The ports a Ray-backed instance's members open to each other (for the firewall)."""
+    keys = ("port", "dashboard_port", "client_port", "node_manager_port", "object_manager_port",
+            "agent_port", "agent_listen_port", "metrics_port", "runtime_env_agent_port")
+    return [str(r[k]) for k in keys] + [f"{r['min_worker_port']}-{r['max_worker_port']}"]
 
 
 def _truthy(value: Any) -> bool:
@@ -115,6 +228,7 @@ def environment(s: Mapping[str, Any]) -> dict[str, str]:
         # Not read by vLLM: it makes the environment file change with the model version,
         # which is what restarts the engine when `current` points elsewhere.
         env["INFERFLEET_MODEL_REVISION"] = str(s["model_revision"])
+    env.update(group_environment(s.get("group")))
     for key, value in (s.get("extra_env") or {}).items():
         env[str(key)] = str(value)
     return env
@@ -126,6 +240,8 @@ def secret_environment(s: Mapping[str, Any]) -> dict[str, str]:
     env = {str(k): str(v) for k, v in (s.get("extra_secret_env") or {}).items()}
     if _set(s.get("api_key")):
         env["VLLM_API_KEY"] = str(s["api_key"])
+    if _set(s.get("ray_token")):
+        env["RAY_AUTH_TOKEN"] = str(s["ray_token"])
     return env
 
 
@@ -210,6 +326,8 @@ FILTERS = {
     "inferfleet_vllm_env_file": env_file,
     "inferfleet_vllm_managed_flag_conflicts": managed_flag_conflicts,
     "inferfleet_systemd_quote": systemd_quote,
+    "inferfleet_ray_start_args": ray_start_args,
+    "inferfleet_ray_ports": ray_ports,
 }
 
 
@@ -232,6 +350,7 @@ def _jinja_env() -> Any:
     # The few Ansible filters the role's vars and template use.
     env.filters["dirname"] = lambda path: os.path.dirname(str(path))
     env.filters["regex_replace"] = lambda s, pattern, repl: re.sub(pattern, repl, str(s))
+    env.filters["bool"] = _truthy
     return env
 
 

@@ -14,7 +14,7 @@ VLLM_SERVE_FLAGS = {
     "--max-num-seqs", "--dtype", "--quantization", "--kv-cache-dtype",
     "--enable-prefix-caching", "--no-enable-prefix-caching", "--shutdown-timeout",
     "--enforce-eager", "--api-key", "--model", "--nnodes", "--node-rank",
-    "--master-addr", "--master-port", "--headless",
+    "--master-addr", "--master-port", "--headless", "--distributed-executor-backend",
 }
 DTYPES = {"auto", "bfloat16", "float", "float16", "float32", "half"}
 

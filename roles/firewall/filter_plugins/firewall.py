@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from ansible.errors import AnsibleFilterError
 
+from inferfleet.engine_args import ray_ports
 from inferfleet.instances import InventoryError, instances
 
 PROTOCOLS = ("tcp", "udp")
@@ -139,6 +141,20 @@ def _on(value) -> bool:
     return bool(value)
 
 
+def _engine_ray_ports(hv: Mapping) -> list[str]:
+    """The ports the inference_engine role starts Ray with, on a Ray-backed group's member
+    (its inventory values, else the role's defaults); [] under the native backend."""
+    if str(hv.get("inference_engine_group_backend", "native")) != "ray":
+        return []
+    import yaml
+
+    defaults_file = Path(__file__).resolve().parents[2] / "inference_engine/defaults/main.yml"
+    defaults = yaml.safe_load(defaults_file.read_text())
+    prefix = "inference_engine_ray_"
+    return ray_ports({k[len(prefix):]: hv.get(k, v) for k, v in defaults.items()
+                      if k.startswith(prefix)})
+
+
 def firewall_rules(host: str, groups: Mapping, hostvars: Mapping, options: Mapping) -> list[dict]:
     """The rules of `host`'s input chain, in order; raises FirewallError.
 
@@ -185,9 +201,8 @@ def firewall_rules(host: str, groups: Mapping, hostvars: Mapping, options: Mappi
                 "inference_engine_master_port",
             ),
         ]
-        group += [
-            ("Ray between instance members", p, "firewall_ray_ports") for p in options["ray_ports"]
-        ]
+        ray = options["ray_ports"] or _engine_ray_ports(hv)
+        group += [("Ray between instance members", p, "firewall_ray_ports") for p in ray]
         group += [
             ("NCCL/Gloo between instance members", p, "firewall_group_port_ranges")
             for p in options["group_port_ranges"]
