@@ -8,7 +8,7 @@ demo: setup
 	.venv/bin/inferfleet lab up
 
 test: setup
-	.venv/bin/pytest
+	scripts/test.sh
 
 lint: setup
 	.venv/bin/pytest tests/test_lint.py

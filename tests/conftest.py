@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -10,6 +12,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def _exclusive(what: str):
+    """One builder at a time across processes: the other waits, then finds it built."""
+    lock_dir = Path.home() / ".cache" / "inferfleet"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f".{what}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +45,8 @@ def node_image() -> str:
         pytest.fail("no Docker engine answers: run `make setup` (scripts/ensure-docker.sh)")
     from inferfleet.lab.image import ensure_node_image
 
-    tag = ensure_node_image()
+    with _exclusive("node-image"):  # make test runs two pytest lanes at once
+        tag = ensure_node_image()
     os.environ["INFERFLEET_NODE_IMAGE"] = tag
     return tag
 
@@ -56,6 +69,7 @@ def wheelhouse() -> Path:
     from inferfleet.lab.wheelhouse import DEFAULT_DIR, ensure_wheelhouse
 
     path = Path(os.environ.get("INFERFLEET_WHEELHOUSE", DEFAULT_DIR))
-    ensure_wheelhouse(path)
+    with _exclusive("wheelhouse"):
+        ensure_wheelhouse(path)
     os.environ["INFERFLEET_WHEELHOUSE"] = str(path)
     return path

@@ -10,8 +10,9 @@ pytestmark = pytest.mark.lab
 
 # molecule/rolling is a link to molecule/replicated (one fleet, one converge: rolling
 # updates, canaries and rollback, scaling in and out, the monitoring and its alerts):
-# CI runs it once, as `replicated`.
-SCENARIOS = ["default", "lb", "replicated"]
+# CI runs it once, as `replicated`. scripts/test.sh runs replicated in one lane and
+# the others (pipeline first) in the second.
+SCENARIOS = ["default", "lb", "replicated", "pipeline", "gpu_host"]
 
 
 def failures(log: str) -> str:
