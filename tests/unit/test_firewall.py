@@ -113,6 +113,24 @@ def test_ray_ports_follow_the_setting():
     assert ray["tcp/6379"] == ["10.0.1.22"] and ray["tcp/10001-19999"] == ["10.0.1.22"]
 
 
+def test_a_ray_backed_group_opens_the_engine_roles_ray_ports_between_members():
+    hostvars = {**HOSTVARS,
+                "big0": {**ENGINES["big0"], "inference_engine_group_backend": "ray",
+                         "inference_engine_ray_port": 7000}}
+    big0 = allowed("big0", hostvars=hostvars)
+    engine = yaml.safe_load((REPO / "roles/inference_engine/defaults/main.yml").read_text())
+    expected = ["tcp/7000"] + [f"tcp/{engine[f'inference_engine_ray_{k}']}" for k in (
+        "dashboard_port", "client_port", "node_manager_port", "object_manager_port",
+        "agent_port", "agent_listen_port", "metrics_port", "runtime_env_agent_port")]
+    expected.append(f"tcp/{engine['inference_engine_ray_min_worker_port']}-"
+                    f"{engine['inference_engine_ray_max_worker_port']}")
+    for port in expected:
+        assert big0[port] == ["10.0.1.22"], port
+    assert "tcp/6379" not in big0
+    # an explicit firewall_ray_ports replaces the derived list
+    assert "tcp/7000" not in allowed("big0", hostvars=hostvars, ray_ports=[6379])
+
+
 def test_dcgm_only_on_gpu_nodes():
     assert "tcp/9400" in allowed("big0")
     assert "tcp/9400" not in allowed("big1")  # inferfleet_accelerator: cpu
