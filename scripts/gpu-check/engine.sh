@@ -39,9 +39,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-VLLM_VERSION=${VLLM_VERSION:-$(sed -n 's/^inference_engine_version: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' \
-  roles/inference_engine/defaults/main.yml)}
-[ -n "$VLLM_VERSION" ] || fail "could not read inference_engine_version from the role's defaults"
+# VLLM_VERSION, install_vllm, tiny_model
+# shellcheck source=scripts/gpu-check/common.sh
+. "$ROOT/scripts/gpu-check/common.sh"
+
 
 # 1. GPUs
 command -v nvidia-smi >/dev/null || fail "nvidia-smi not found: this check needs an NVIDIA GPU machine"
@@ -50,39 +51,11 @@ NGPU=$(nvidia-smi --list-gpus | grep -c '^GPU ' || true)
 [ "$NGPU" -ge 1 ] || fail "nvidia-smi lists no GPU"
 log "GPUs: $NGPU ($(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs))"
 
-# 2. vLLM in a fresh virtualenv
-if [ -n "${CHECK_PYTHON:-}" ]; then
-  PY=$CHECK_PYTHON
-  log "using CHECK_PYTHON=$PY"
-else
-  python3 -m venv --system-site-packages "$WORK/venv" || fail "python3 -m venv failed"
-  PY=$WORK/venv/bin/python
-  log "pip install vllm==$VLLM_VERSION (fresh venv $WORK/venv)"
-  if ! timeout 360 "$PY" -m pip install --disable-pip-version-check -q \
-        "vllm==$VLLM_VERSION" jinja2 pyyaml > "$OUT/pip.log" 2>&1; then
-    tail -n 20 "$OUT/pip.log" | tee -a "$SUMMARY"
-    fail "pip install vllm==$VLLM_VERSION failed (no index reachable? set PIP_INDEX_URL or PIP_FIND_LINKS, or CHECK_PYTHON)"
-  fi
-fi
-VLLM_BIN=$(dirname "$PY")/vllm
-[ -x "$VLLM_BIN" ] || fail "$VLLM_BIN missing after the install"
-log "vLLM $("$PY" -c 'import importlib.metadata as m; print(m.version("vllm"))'), torch $("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')"
+# 2. vLLM in a fresh virtualenv (scripts/gpu-check/common.sh)
+install_vllm
 
 # 3. The tiny model, with enough attention heads to split over every GPU
-# (vLLM needs heads and the MLP width divisible by TP; head_dim stays 64).
-HEADS=$(( NGPU > 4 ? NGPU : 4 ))
-HEADS=$(( (HEADS + NGPU - 1) / NGPU * NGPU ))
-KV_HEADS=$(( HEADS / 2 ))
-PYTHONPATH=src "$PY" - "$WORK/model" "$HEADS" "$KV_HEADS" <<'EOF' || fail "could not generate the tiny model"
-import sys
-from pathlib import Path
-from inferfleet.lab.tinymodel import generate
-heads, kv = int(sys.argv[2]), int(sys.argv[3])
-generate(Path(sys.argv[1]), seed=0, shape={"num_attention_heads": heads,
-         "num_key_value_heads": kv, "hidden_size": 64 * heads,
-         "intermediate_size": 128 * heads})
-EOF
-log "tiny model: $HEADS heads, $KV_HEADS KV heads, in $WORK/model"
+tiny_model "$WORK/model" "$NGPU"
 
 # 4. The arguments, from the role's own unit template (accelerator nvidia, TP = all GPUs)
 PYTHONPATH=src "$PY" -m inferfleet.engine_args unit \

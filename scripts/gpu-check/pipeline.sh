@@ -72,9 +72,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-VLLM_VERSION=${VLLM_VERSION:-$(sed -n 's/^inference_engine_version: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' \
-  roles/inference_engine/defaults/main.yml)}
-[ -n "$VLLM_VERSION" ] || fail "could not read inference_engine_version from the role's defaults"
+# VLLM_VERSION, install_vllm, tiny_model
+# shellcheck source=scripts/gpu-check/common.sh
+. "$ROOT/scripts/gpu-check/common.sh"
+
 
 # 1. GPUs (and the tools the check uses)
 command -v nvidia-smi >/dev/null || fail "nvidia-smi not found: this check needs an NVIDIA GPU machine"
@@ -101,39 +102,11 @@ else
       "each; NCCL may refuse two ranks on one GPU ('Duplicate GPU detected')"
 fi
 
-# 2. vLLM in a fresh virtualenv
-if [ -n "${CHECK_PYTHON:-}" ]; then
-  PY=$CHECK_PYTHON
-  log "using CHECK_PYTHON=$PY"
-else
-  python3 -m venv --system-site-packages "$WORK/venv" || fail "python3 -m venv failed"
-  PY=$WORK/venv/bin/python
-  log "pip install vllm==$VLLM_VERSION (fresh venv $WORK/venv)"
-  if ! timeout 360 "$PY" -m pip install --disable-pip-version-check -q \
-        "vllm==$VLLM_VERSION" jinja2 pyyaml > "$OUT/pip.log" 2>&1; then
-    tail -n 20 "$OUT/pip.log" | tee -a "$SUMMARY"
-    fail "pip install vllm==$VLLM_VERSION failed (no index reachable? set PIP_INDEX_URL or PIP_FIND_LINKS, or CHECK_PYTHON)"
-  fi
-fi
-VLLM_BIN=$(dirname "$PY")/vllm
-[ -x "$VLLM_BIN" ] || fail "$VLLM_BIN missing after the install"
-log "vLLM $("$PY" -c 'import importlib.metadata as m; print(m.version("vllm"))'), torch $("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')"
+# 2. vLLM in a fresh virtualenv (scripts/gpu-check/common.sh)
+install_vllm
 
-# 3. The tiny model (4 layers: 2 per pipeline stage), with heads and MLP width divisible
-# by each rank's TP; head_dim stays 64.
-HEADS=$(( TP > 4 ? TP : 4 ))
-HEADS=$(( (HEADS + TP - 1) / TP * TP ))
-KV_HEADS=$(( HEADS / 2 ))
-PYTHONPATH=src "$PY" - "$WORK/model" "$HEADS" "$KV_HEADS" <<'EOF' || fail "could not generate the tiny model"
-import sys
-from pathlib import Path
-from inferfleet.lab.tinymodel import generate
-heads, kv = int(sys.argv[2]), int(sys.argv[3])
-generate(Path(sys.argv[1]), seed=0, shape={"num_attention_heads": heads,
-         "num_key_value_heads": kv, "hidden_size": 64 * heads,
-         "intermediate_size": 128 * heads})
-EOF
-log "tiny model: $HEADS heads, $KV_HEADS KV heads, 4 layers, in $WORK/model"
+# 3. The tiny model (4 layers: 2 per pipeline stage), heads divisible by each rank's TP
+tiny_model "$WORK/model" "$TP"
 
 # 4. Ports, and each server's arguments and environment from the role
 read -r FREE1 FREE2 FREE3 < <("$PY" -c '
