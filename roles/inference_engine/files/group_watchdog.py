@@ -104,7 +104,10 @@ def active_seconds(unit: str) -> float | None:
 
 def restart(unit: str, why: str) -> None:
     print(f"restarting {unit}: {why}", flush=True)
-    # --no-block: this service is PartOf the engine, so the restart restarts it too.
+    # A broken group cannot finish what it holds: no graceful drain (its /health would
+    # keep the instance in the load balancer meanwhile). Kill, then start afresh;
+    # --no-block, since this service is PartOf the engine and restarts with it.
+    subprocess.run(["systemctl", "kill", "--signal=SIGKILL", unit], check=False)
     subprocess.run(["systemctl", "restart", "--no-block", unit], check=False)
 
 
