@@ -327,7 +327,6 @@ FILTERS = {
     "inferfleet_vllm_managed_flag_conflicts": managed_flag_conflicts,
     "inferfleet_systemd_quote": systemd_quote,
     "inferfleet_ray_start_args": ray_start_args,
-    "inferfleet_ray_ports": ray_ports,
 }
 
 
