@@ -219,6 +219,24 @@ print(repr(answer["choices"][0]["text"]))
 EOF
 }
 
+# wait_healthy URL TIMEOUT WHAT NAME:PGID...: until URL/health answers 200; fails at once
+# (with the last lines of NAME.log) when one of the processes exits, or after TIMEOUT s.
+wait_healthy() {
+  local url=$1 timeout=$2 what=$3 start pair
+  shift 3
+  start=$(date +%s)
+  while :; do
+    for pair in "$@"; do
+      kill -0 "${pair#*:}" 2>/dev/null \
+        || { tail -n 40 "$OUT/${pair%%:*}.log" | tee -a "$SUMMARY"; fail "${pair%%:*} exited before $what was healthy"; }
+    done
+    [ "$(health "$url")" = 200 ] && break
+    [ $(( $(date +%s) - start )) -lt "$timeout" ] || fail "$what: /health not 200 within $timeout s"
+    sleep 2
+  done
+  log "$what healthy after $(( $(date +%s) - start )) s"
+}
+
 # 5. The pipeline group: both ranks, then rank 0's API
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 launch rank0 "$GPUS0"
@@ -226,17 +244,7 @@ RANK0_PG=$LAUNCHED
 launch rank1 "$GPUS1"
 RANK1_PG=$LAUNCHED
 URL=http://127.0.0.1:$PORT
-GROUP_START=$(date +%s)
-while :; do
-  kill -0 "$RANK0_PG" 2>/dev/null \
-    || { tail -n 40 "$OUT/rank0.log" | tee -a "$SUMMARY"; fail "rank 0 exited before the group was healthy"; }
-  kill -0 "$RANK1_PG" 2>/dev/null \
-    || { tail -n 40 "$OUT/rank1.log" | tee -a "$SUMMARY"; fail "rank 1 exited before the group was healthy"; }
-  [ "$(health "$URL")" = 200 ] && break
-  [ $(( $(date +%s) - GROUP_START )) -lt "$HEALTH_TIMEOUT" ] || fail "/health not 200 within $HEALTH_TIMEOUT s"
-  sleep 2
-done
-log "pipeline group healthy after $(( $(date +%s) - GROUP_START )) s"
+wait_healthy "$URL" "$HEALTH_TIMEOUT" "the pipeline group" "rank0:$RANK0_PG" "rank1:$RANK1_PG"
 
 curl -sf "$URL/v1/models" > "$OUT/models.json" || fail "/v1/models failed"
 grep -q '"id":"tiny"' "$OUT/models.json" || fail "/v1/models does not list tiny: $(cat "$OUT/models.json")"
@@ -297,15 +305,7 @@ RANK0_PG=""
 launch reference 0
 REF_PG=$LAUNCHED
 REF_URL=http://127.0.0.1:$REF_PORT
-REF_START=$(date +%s)
-while :; do
-  kill -0 "$REF_PG" 2>/dev/null \
-    || { tail -n 40 "$OUT/reference.log" | tee -a "$SUMMARY"; fail "the single-node server exited before it was healthy"; }
-  [ "$(health "$REF_URL")" = 200 ] && break
-  [ $(( $(date +%s) - REF_START )) -lt 300 ] || fail "single-node /health not 200 within 300 s"
-  sleep 2
-done
-log "single-node server healthy after $(( $(date +%s) - REF_START )) s"
+wait_healthy "$REF_URL" 300 "the single-node server" "reference:$REF_PG"
 REF_TEXT=$(complete "$REF_URL" "$OUT/reference-completion.json") || fail "the single-node completion failed"
 log "single-node completion: $REF_TEXT"
 log "pipeline completion:    $PIPE_TEXT"
