@@ -43,10 +43,14 @@ def node_image() -> str:
     """The lab's node image tag (built on first use); exported for molecule."""
     if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
         pytest.fail("no Docker engine answers: run `make setup` (scripts/ensure-docker.sh)")
+    from inferfleet.lab.build import BuildError
     from inferfleet.lab.image import ensure_node_image
 
     with _exclusive("node-image"):  # make test runs two pytest lanes at once
-        tag = ensure_node_image()
+        try:
+            tag = ensure_node_image()
+        except BuildError as err:
+            pytest.fail(str(err), pytrace=False)
     os.environ["INFERFLEET_NODE_IMAGE"] = tag
     return tag
 
@@ -66,10 +70,14 @@ def venv_bin() -> Path:
 @pytest.fixture(scope="session")
 def wheelhouse() -> Path:
     """vLLM's CPU build and its dependencies, for node containers (mounted read-only)."""
+    from inferfleet.lab.build import BuildError
     from inferfleet.lab.wheelhouse import DEFAULT_DIR, ensure_wheelhouse
 
     path = Path(os.environ.get("INFERFLEET_WHEELHOUSE", DEFAULT_DIR))
     with _exclusive("wheelhouse"):
-        ensure_wheelhouse(path)
+        try:
+            ensure_wheelhouse(path)
+        except BuildError as err:
+            pytest.fail(str(err), pytrace=False)
     os.environ["INFERFLEET_WHEELHOUSE"] = str(path)
     return path

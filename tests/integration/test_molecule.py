@@ -15,11 +15,17 @@ pytestmark = pytest.mark.lab
 SCENARIOS = ["default", "lb", "replicated", "pipeline", "gpu_host"]
 
 
-def failures(log: str) -> str:
-    """The failed tasks with a few lines of context: what a person needs first."""
+def failures(scenario: str, log: str) -> str:
+    """What a person needs first: the line of an image build that failed (dependency steps
+    print "inferfleet: cannot build ..."), else the failed tasks with a few lines of
+    context."""
     lines = log.splitlines()
+    builds = [line for line in lines if line.startswith("inferfleet: cannot build")]
+    if builds:
+        return f"{builds[0]}\n(in molecule test -s {scenario}'s dependency step)"
     hits = [i for i, line in enumerate(lines) if re.search(r"fatal:|FAILED!|failed: \[", line)]
-    return "\n".join("\n".join(lines[max(0, i - 3) : i + 12]) for i in hits[:5])
+    tasks = "\n".join("\n".join(lines[max(0, i - 3) : i + 12]) for i in hits[:5])
+    return f"molecule test -s {scenario} failed:\n{tasks}"
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -33,7 +39,4 @@ def test_scenario(scenario, node_image, wheelhouse, repo_root, venv_bin, tmp_pat
     log = done.stdout + done.stderr
     path = tmp_path_factory.mktemp("molecule") / f"{scenario}.log"
     path.write_text(log)
-    assert done.returncode == 0, (
-        f"molecule test -s {scenario} failed (whole log: {path}):\n{failures(log)}\n"
-        f"{log[-3000:]}"
-    )
+    assert done.returncode == 0, f"{failures(scenario, log)}\n(whole log: {path})\n{log[-3000:]}"

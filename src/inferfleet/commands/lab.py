@@ -13,6 +13,7 @@ import yaml
 
 from inferfleet.commands.common import LAB_INVENTORY, console, fail, print_summary
 from inferfleet.lab import fleet, services
+from inferfleet.lab.build import BuildError
 from inferfleet.lab.image import ensure_node_image
 from inferfleet.runner import run_playbook
 
@@ -43,9 +44,9 @@ def up(deploy: bool = typer.Option(True, help="Run site.yml once the hosts are u
 
     try:
         image = ensure_node_image(log=console.print)
-    except Exception as err:  # noqa: BLE001 (one line, no traceback)
-        fail(f"could not build the node image ({err}); is the Docker engine up? run `make setup`")
-    wheelhouse = ensure_wheelhouse(log=console.print)
+        wheelhouse = ensure_wheelhouse(log=console.print)
+    except (BuildError, OSError) as err:  # OSError: no docker or debootstrap at all
+        fail(f"{err}; run `make setup`" if isinstance(err, OSError) else str(err))
     lab = services.up(LAB_NAME, image)
     settings = lab_vars()
     bucket, prefix = settings["model_sync_s3_bucket"], settings["model_sync_s3_prefix"]

