@@ -1,5 +1,5 @@
 # inferfleet: the README's two commands are `make demo` and `make test`.
-.PHONY: setup demo test lint bench bench-lb clean
+.PHONY: setup demo test test-fresh lint bench bench-lb clean
 
 setup:
 	scripts/setup.sh
@@ -9,6 +9,12 @@ demo: setup
 
 test: setup
 	scripts/test.sh
+
+# The test command as on a machine that never ran the project: every image, wheelhouse
+# and cache rebuilt from the registries (scripts/forget-caches.sh says what goes).
+test-fresh:
+	scripts/forget-caches.sh
+	$(MAKE) test
 
 lint: setup
 	.venv/bin/pytest tests/test_lint.py
