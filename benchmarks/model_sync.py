@@ -40,13 +40,9 @@ from inferfleet.publish import publish  # noqa: E402
 BIN = Path(sys.executable).parent
 BUCKET = "bench"
 MiB = 1024 * 1024
-# Runs the module file the way Ansible does (arguments from a JSON file), with the
-# repository's module_utils importable as ansible.module_utils.inferfleet_*.
-MODULE_RUNNER = (
-    "import runpy, sys, ansible.module_utils as mu; "
-    "mu.__path__.append(sys.argv.pop(1)); "
-    "runpy.run_path(sys.argv.pop(1), run_name='__main__')"
-)
+# Runs the module file the way Ansible does (arguments from a JSON file); its module_utils
+# import from the collection (ansible_collections.inferfleet.fleet, on the venv's path).
+MODULE_RUNNER = "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')"
 
 
 def make_model(root: Path, total: int, shards: int) -> None:
@@ -106,7 +102,6 @@ def run_module(work: Path, args: dict) -> tuple[float, dict]:
     path = work / "module-args.json"
     path.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
     elapsed, out = timed([str(BIN / "python"), "-c", MODULE_RUNNER,
-                          str(REPO / "plugins" / "module_utils"),
                           str(REPO / "plugins" / "modules" / "model_sync.py"), str(path)])
     result = json.loads(out[out.index("{"):])
     if result.get("failed"):
@@ -119,7 +114,7 @@ def run_playbook(work: Path, args: dict) -> float:
     play.write_text(json.dumps([{
         "name": "bench", "hosts": "localhost", "connection": "local", "gather_facts": False,
         "vars": {"ansible_python_interpreter": sys.executable},
-        "tasks": [{"name": "model_sync", "model_sync": args}]}]))
+        "tasks": [{"name": "model_sync", "inferfleet.fleet.model_sync": args}]}]))
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
                ANSIBLE_LOCALHOST_WARNING="false")
     elapsed, _ = timed([str(BIN / "ansible-playbook"), "-i", "localhost,", str(play)], env)

@@ -39,5 +39,16 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q -e '.[test]'
   touch "$stamp"
 fi
+# The checkout is the inferfleet.fleet collection: the virtualenv finds it (Ansible through
+# sys.path, Python for `ansible_collections.inferfleet.fleet...` imports) at
+# .venv/collections/ansible_collections/inferfleet/fleet, a link to this folder. A built
+# wheel carries a copy there instead (setup.py).
+collections=.venv/collections/ansible_collections/inferfleet
+if [ "$(readlink "$collections/fleet" 2>/dev/null)" != "$PWD" ]; then
+  mkdir -p "$collections"
+  ln -sfn "$PWD" "$collections/fleet"
+fi
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$PWD/.venv/collections" >"$site/inferfleet-collection.pth"
 
 scripts/ensure-docker.sh

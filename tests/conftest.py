@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import inferfleet  # noqa: F401 (first: Ansible's collection loader, see its docstring)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

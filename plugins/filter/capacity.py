@@ -1,14 +1,14 @@
 """Capacity-plan filters: the preflight uses the same planner as `inferfleet plan`.
 
-    plan: "{{ inferfleet_model_location | inferfleet_capacity_plan(
+    plan: "{{ inferfleet_model_location | inferfleet.fleet.capacity_plan(
                 gpus_per_node=8, gpu_memory_gib=80, nodes=groups['inference'] | length,
                 context=8192, concurrency=16) }}"
-    _: "{{ plan | inferfleet_capacity_require(instance_nodes=2) }}"
+    _: "{{ plan | inferfleet.fleet.capacity_require(instance_nodes=2) }}"
 
 and the engine role's check of what the engine sized against the plan:
 
-    logged: "{{ engine_log | inferfleet_kv_logged }}"
-    planned: "{{ config | inferfleet_cpu_kv_tokens(1, max_model_len=1024, dtype='float16') }}"
+    logged: "{{ engine_log | inferfleet.fleet.kv_logged }}"
+    planned: "{{ config | inferfleet.fleet.cpu_kv_tokens(1, max_model_len=1024, dtype='float16') }}"
 
 The model is a folder or ``s3://bucket/prefix`` as seen from the controller (or a
 config.json mapping). Keyword arguments are the planner's targets: context,
@@ -28,7 +28,7 @@ _TARGET_KEYS = {"context", "concurrency", "dtype", "quantization", "kv_cache_dty
 
 def _planner() -> Any:
     try:
-        import inferfleet.planner as planner
+        import ansible_collections.inferfleet.fleet.plugins.module_utils.planner as planner
     except ImportError as err:
         raise AnsibleFilterError(
             "the inferfleet package is not importable by the controller's Python "
@@ -44,7 +44,7 @@ def capacity_plan(model: Any, gpus_per_node: int, gpu_memory_gib: float, nodes: 
     unknown = sorted(set(targets) - _TARGET_KEYS)
     if unknown:
         raise AnsibleFilterError(
-            f"inferfleet_capacity_plan: unknown argument(s) {', '.join(unknown)}; known: "
+            f"capacity_plan: unknown argument(s) {', '.join(unknown)}; known: "
             f"{', '.join(sorted(_TARGET_KEYS | {'endpoint_url'}))}."
         )
     targets = {k: v for k, v in targets.items() if v not in (None, "")}
@@ -58,7 +58,7 @@ def capacity_plan(model: Any, gpus_per_node: int, gpu_memory_gib: float, nodes: 
     except planner.PlannerError as err:
         raise AnsibleFilterError(f"capacity plan for {model}: {err}") from err
     except (TypeError, ValueError) as err:
-        raise AnsibleFilterError(f"inferfleet_capacity_plan: bad argument: {err}") from err
+        raise AnsibleFilterError(f"capacity_plan: bad argument: {err}") from err
 
 
 def refusal(plan: dict[str, Any]) -> str:
@@ -107,7 +107,9 @@ def capacity_require(plan: dict[str, Any], instance_nodes: int | None = None
 def kv_logged(text: str) -> int | None:
     """The KV-cache size in tokens that vLLM logged last ("KV cache size: N tokens") in
     `text` (an engine's log, oldest first), or None."""
-    from inferfleet.planner.memory import parse_kv_cache_log
+    from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.memory import (
+        parse_kv_cache_log,
+    )
 
     lines = [line for line in str(text or "").splitlines() if "KV cache size:" in line]
     found = parse_kv_cache_log(lines[-1]) if lines else None
@@ -136,8 +138,8 @@ def cpu_kv_tokens(config: dict[str, Any], kvcache_space_gib: int,
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
-            "inferfleet_capacity_plan": capacity_plan,
-            "inferfleet_capacity_require": capacity_require,
-            "inferfleet_kv_logged": kv_logged,
-            "inferfleet_cpu_kv_tokens": cpu_kv_tokens,
+            "capacity_plan": capacity_plan,
+            "capacity_require": capacity_require,
+            "kv_logged": kv_logged,
+            "cpu_kv_tokens": cpu_kv_tokens,
         }

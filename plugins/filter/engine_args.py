@@ -1,9 +1,9 @@
 """Filters the inference_engine role renders its unit and environment with: thin
-wrappers over inferfleet.engine_args.FILTERS, so the role, the unit tests and the GPU
+wrappers over module_utils.engine_args.FILTERS, so the role, the unit tests and the GPU
 check share one implementation.
 
-    ExecStart={{ ([venv ~ '/bin/vllm', 'serve'] + (settings | inferfleet_vllm_serve_args))
-                 | inferfleet_systemd_quote }}
+    ExecStart={{ ([venv ~ '/bin/vllm', 'serve'] + (settings | inferfleet.fleet.vllm_serve_args))
+                 | inferfleet.fleet.systemd_quote }}
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ansible.errors import AnsibleFilterError
 
 def _engine_filters() -> dict[str, Callable[..., Any]]:
     try:
-        from inferfleet.engine_args import FILTERS
+        from ansible_collections.inferfleet.fleet.plugins.module_utils.engine_args import FILTERS
     except ImportError as err:
         raise AnsibleFilterError(
             "the inferfleet package is not importable by the controller's Python "

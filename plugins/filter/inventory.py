@@ -1,11 +1,15 @@
-"""Filters over the inventory's instances (see inferfleet.instances)."""
+"""Filters over the inventory's instances (see module_utils.instances)."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-
-from inferfleet.group import group_problems
-from inferfleet.instances import InventoryError, instances, rank_of, serving_nodes
+from ansible_collections.inferfleet.fleet.plugins.module_utils.group import group_problems
+from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import (
+    InventoryError,
+    instances,
+    rank_of,
+    serving_nodes,
+)
 
 
 def _instances(hosts, hostvars):
@@ -46,18 +50,18 @@ def _balancers(hosts, hostvars, kind):
 
 
 def _group_problems(members, instance):
-    """What stops a multi-node instance from starting (inferfleet.group)."""
+    """What stops a multi-node instance from starting (module_utils.group)."""
     return group_problems(instance, members)
 
 
 class FilterModule:
     def filters(self):
         return {
-            "inferfleet_instances": _instances,
-            "inferfleet_rank": _rank,
-            "inferfleet_serving_nodes": _serving,
-            "inferfleet_serving_nodes_of": _serving_of,
-            "inferfleet_members_of": _members_of,
-            "inferfleet_balancers": _balancers,
-            "inferfleet_group_problems": _group_problems,
+            "instances": _instances,
+            "rank": _rank,
+            "serving_nodes": _serving,
+            "serving_nodes_of": _serving_of,
+            "members_of": _members_of,
+            "balancers": _balancers,
+            "group_problems": _group_problems,
         }

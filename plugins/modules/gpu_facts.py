@@ -9,7 +9,11 @@ import os
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.inferfleet_gpu import GpuFactsError, collect_gpu, collect_node
+from ansible_collections.inferfleet.fleet.plugins.module_utils.gpu import (
+    GpuFactsError,
+    collect_gpu,
+    collect_node,
+)
 
 DOCUMENTATION = r"""
 ---

@@ -21,7 +21,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback
-from ansible.module_utils.inferfleet_manifest import (
+from ansible_collections.inferfleet.fleet.plugins.module_utils.manifest import (
     MANIFEST_FILE,
     ManifestError,
     check_name,
@@ -30,7 +30,7 @@ from ansible.module_utils.inferfleet_manifest import (
     hash_file,
     loads,
 )
-from ansible.module_utils.inferfleet_s3 import S3Client, S3Error
+from ansible_collections.inferfleet.fleet.plugins.module_utils.s3 import S3Client, S3Error
 
 DOCUMENTATION = r"""
 ---

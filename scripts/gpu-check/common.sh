@@ -2,6 +2,13 @@
 # Shared by the GPU checks (engine.sh, pipeline.sh); sourced from the repository root
 # after they define log, fail, WORK and OUT.
 
+# The CLI's sources and the collection (this checkout, linked as ansible_collections/
+# inferfleet/fleet) on the Python path of the checks' own Python code.
+mkdir -p "$WORK/collections/ansible_collections/inferfleet"
+ln -sfn "$PWD" "$WORK/collections/ansible_collections/inferfleet/fleet"
+export PYTHONPATH="$PWD/src:$WORK/collections"
+ENGINE_ARGS=ansible_collections.inferfleet.fleet.plugins.module_utils.engine_args
+
 # vLLM's version: VLLM_VERSION, else the role's inference_engine_version.
 VLLM_VERSION=${VLLM_VERSION:-$(sed -n 's/^inference_engine_version: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' \
   roles/inference_engine/defaults/main.yml)}
@@ -35,7 +42,7 @@ tiny_model() {
   heads=$(( tp > 4 ? tp : 4 ))
   heads=$(( (heads + tp - 1) / tp * tp ))
   kv_heads=$(( heads / 2 ))
-  PYTHONPATH=src "$PY" - "$dir" "$heads" "$kv_heads" <<'PYEOF' || fail "could not generate the tiny model"
+  "$PY" - "$dir" "$heads" "$kv_heads" <<'PYEOF' || fail "could not generate the tiny model"
 import sys
 from pathlib import Path
 from inferfleet.lab.tinymodel import generate

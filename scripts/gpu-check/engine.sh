@@ -7,7 +7,7 @@
 #
 # Steps: a fresh virtualenv (with --system-site-packages, so a machine that already has
 # torch/vLLM reuses them) + `pip install vllm==<role's version>`; the tiny model; the
-# arguments from the role's own unit template (python -m inferfleet.engine_args); serve;
+# arguments from the role's own unit template (module_utils/engine_args.py); serve;
 # /health, /v1/models, a greedy completion; the KV-cache capacity line vLLM logs.
 # Logs and a summary go to $OUT (or a temporary folder). Exit 0 only if all passed.
 #
@@ -58,7 +58,7 @@ install_vllm
 tiny_model "$WORK/model" "$NGPU"
 
 # 4. The arguments, from the role's own unit template (accelerator nvidia, TP = all GPUs)
-PYTHONPATH=src "$PY" -m inferfleet.engine_args unit \
+"$PY" -m "$ENGINE_ARGS" unit \
   --set inference_engine_accelerator=nvidia \
   --set "inference_engine_model_path=$WORK/model" \
   --set inference_engine_served_model_name=tiny \
@@ -70,9 +70,9 @@ PYTHONPATH=src "$PY" -m inferfleet.engine_args unit \
   --set inference_engine_max_num_seqs=16 \
   --set 'inference_engine_extra_args=[--enforce-eager]' \
   > "$OUT/inferfleet-engine.service" || fail "rendering the role's unit failed"
-mapfile -t ARGS < <(PYTHONPATH=src "$PY" - "$OUT/inferfleet-engine.service" <<'EOF'
+mapfile -t ARGS < <("$PY" - "$OUT/inferfleet-engine.service" <<'EOF'
 import sys
-from inferfleet.engine_args import unit_exec_start
+from ansible_collections.inferfleet.fleet.plugins.module_utils.engine_args import unit_exec_start
 words = unit_exec_start(open(sys.argv[1]).read())
 print("\n".join(words[words.index("serve") + 1:]))
 EOF

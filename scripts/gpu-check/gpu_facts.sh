@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check for a real NVIDIA machine: runs gpu_facts' own code (the module's parsing and
-# collection, plugins/module_utils/inferfleet_gpu.py, with plain python3: no Ansible) and
+# collection, plugins/module_utils/gpu.py, with plain python3: no Ansible) and
 # the fabric preflight's single-node checks, then prints the facts.
 #
 #   scripts/gpu-check/gpu_facts.sh [CAPTURE_DIR]
@@ -15,8 +15,8 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 UTILS="$HERE/../../plugins/module_utils"
-if [ ! -f "$UTILS/inferfleet_gpu.py" ]; then
-  echo "gpu_facts.sh: plugins/module_utils/inferfleet_gpu.py not found beside $HERE/../..;" \
+if [ ! -f "$UTILS/gpu.py" ]; then
+  echo "gpu_facts.sh: plugins/module_utils/gpu.py not found beside $HERE/../..;" \
        "run it from an inferfleet checkout" >&2
   exit 2
 fi
@@ -31,7 +31,7 @@ import sys
 
 utils, capture = sys.argv[1], sys.argv[2]
 sys.path.insert(0, utils)
-import inferfleet_gpu as g  # noqa: E402
+import gpu as g  # noqa: E402
 
 smi = os.environ.get("NVIDIA_SMI", "nvidia-smi")
 shm_min_mib = int(os.environ.get("FABRIC_SHM_MIN_MIB", "1024"))

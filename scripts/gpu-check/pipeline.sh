@@ -7,7 +7,7 @@
 #   scripts/gpu-check/pipeline.sh          (from the repository root, on a GPU machine)
 #
 # Steps: a fresh virtualenv (with --system-site-packages) + `pip install vllm==<role's
-# version>`; the tiny model; each rank's arguments (python -m inferfleet.engine_args
+# version>`; the tiny model; each rank's arguments (module_utils/engine_args.py
 # serve-args) and EnvironmentFile values (VLLM_HOST_IP, NCCL_SOCKET_IFNAME,
 # GLOO_SOCKET_IFNAME) from the role; both ranks pinned to their own GPUs (>= 2 GPUs:
 # halves, TP = GPUs per half; 1 GPU: both on GPU 0, TP 1, --gpu-memory-utilization 0.4
@@ -137,12 +137,12 @@ render() {
   shift
   local sets=()
   for item in "$@"; do sets+=(--set "$item"); done
-  PYTHONPATH=src "$PY" -m inferfleet.engine_args serve-args "${sets[@]}" > "$OUT/$name.args.json" \
+  "$PY" -m "$ENGINE_ARGS" serve-args "${sets[@]}" > "$OUT/$name.args.json" \
     || fail "rendering $name's serve arguments failed"
-  PYTHONPATH=src "$PY" - "$@" > "$OUT/$name.env" <<'EOF' || fail "rendering $name's environment failed"
+  "$PY" - "$@" > "$OUT/$name.env" <<'EOF' || fail "rendering $name's environment failed"
 import sys
 import yaml
-from inferfleet.engine_args import environment, role_vars
+from ansible_collections.inferfleet.fleet.plugins.module_utils.engine_args import environment, role_vars
 overrides = {}
 for item in sys.argv[1:]:
     key, _, value = item.partition("=")

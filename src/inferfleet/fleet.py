@@ -4,11 +4,10 @@ variables resolve exactly as in a playbook run)."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferfleet.instances import instances
+from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import instances
 
 
 @dataclass
@@ -51,21 +50,12 @@ def duration(value) -> float:
     return float(text) / 1000
 
 
-@functools.cache
-def _plugins() -> None:
-    """Lookups and filters by their full names (ansible.builtin.pipe ...), once."""
-    from ansible.plugins.loader import init_plugin_loader
-
-    init_plugin_loader()
-
-
 def load(inventory: Path) -> Fleet:
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.template import Templar
     from ansible.vars.manager import VariableManager
 
-    _plugins()
     loader = DataLoader()
     inv = InventoryManager(loader=loader, sources=[str(inventory)])
     varman = VariableManager(loader=loader, inventory=inv)

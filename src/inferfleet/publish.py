@@ -13,7 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inferfleet.manifest import MANIFEST_FILE, ManifestError, check_name, dumps, scan
+from ansible_collections.inferfleet.fleet.plugins.module_utils.manifest import (
+    MANIFEST_FILE,
+    ManifestError,
+    check_name,
+    dumps,
+    scan,
+)
 
 MiB = 1024 * 1024
 

@@ -23,8 +23,21 @@ from pathlib import Path
 
 from rich.console import Console
 
-ROOT = Path(__file__).resolve().parents[2]
-RUNS_DIR = Path(os.environ.get("INFERFLEET_RUNS_DIR", ROOT / "runs"))
+from inferfleet import paths
+
+RUNS_DIR = paths.RUNS_DIR
+# The CLI's own Ansible settings: the same with a checkout's ansible.cfg or without one.
+ANSIBLE_SETTINGS = {
+    "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(
+        [str(paths.COLLECTIONS_PATH), "~/.ansible/collections", "/usr/share/ansible/collections"]
+    ),
+    "ANSIBLE_FORKS": "20",
+    "ANSIBLE_INTERPRETER_PYTHON": "auto_silent",
+    "ANSIBLE_CALLBACK_RESULT_FORMAT": "yaml",
+    "ANSIBLE_GATHERING": "smart",
+    "ANSIBLE_PIPELINING": "True",
+    "ANSIBLE_FORCE_COLOR": "0",
+}
 ENV_ALLOW = {
     "HOME",
     "PATH",
@@ -217,14 +230,14 @@ def run_playbook(
         with allowed_environment():
             run = ansible_runner.run(
                 private_data_dir=str(data_dir),
-                project_dir=str(ROOT),
-                playbook=str(ROOT / "playbooks" / playbook),
+                project_dir=str(paths.COLLECTION),
+                playbook=str(paths.COLLECTION / "playbooks" / playbook),
                 inventory=str(inventory.resolve()),
                 extravars=extra_vars or {},
                 limit=limit,
                 tags=tags,
                 cmdline=cmdline or None,
-                envvars={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "0"},
+                envvars=ANSIBLE_SETTINGS,
                 event_handler=on_event,
                 cancel_callback=lambda: cancelled,
                 quiet=True,

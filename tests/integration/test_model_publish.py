@@ -9,10 +9,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from ansible_collections.inferfleet.fleet.plugins.module_utils.manifest import loads
 from typer.testing import CliRunner
 
 from inferfleet.commands.model import app
-from inferfleet.manifest import loads
 from inferfleet.publish import PublishError, parse_s3_url, publish
 
 BUCKET = "publish-it"

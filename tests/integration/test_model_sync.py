@@ -107,7 +107,7 @@ def task_results(proc: subprocess.CompletedProcess) -> dict:
 
 
 def model_sync(tmp_path: Path, args: dict, *flags: str) -> dict:
-    proc = run_play(tmp_path, [{"name": "sync", "model_sync": args}], *flags)
+    proc = run_play(tmp_path, [{"name": "sync", "inferfleet.fleet.model_sync": args}], *flags)
     result = task_results(proc)["sync"]
     assert (proc.returncode != 0) == bool(result.get("failed")), proc.stderr
     return result
@@ -333,7 +333,7 @@ def test_concurrent_runs_on_one_node_do_not_corrupt_each_other(s3, tmp_path, mod
             path.write_text(yaml.safe_dump([{
                 "name": "concurrent", "hosts": "localhost", "connection": "local",
                 "gather_facts": False, "vars": {"ansible_python_interpreter": NODE_PYTHON},
-                "tasks": [{"name": "sync", "model_sync": args}]}]))
+                "tasks": [{"name": "sync", "inferfleet.fleet.model_sync": args}]}]))
             procs.append(subprocess.Popen(
                 [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,",
                  str(path)], env=env, cwd=workdir, stdout=subprocess.PIPE,
@@ -372,8 +372,8 @@ def test_credentials_never_appear_in_output_or_files(s3, tmp_path, model_name):
     ok = sync_args(s3, model_name, "v1", cache, access_key=key_id, secret_key=secret)
     failing = sync_args(s3, model_name, "v404", cache, access_key=key_id, secret_key=secret)
     for args, flags in ((ok, ("--diff",)), (failing, ("--diff",)), (ok, ("--check",))):
-        proc = run_play(tmp_path, [{"name": "sync", "model_sync": args}], "-vvv", *flags,
-                        callback="default")
+        proc = run_play(tmp_path, [{"name": "sync", "inferfleet.fleet.model_sync": args}], "-vvv",
+                        *flags, callback="default")
         text = proc.stdout + proc.stderr
         assert "model_sync" in text and ("changed" in text or "FAILED" in text)
         assert secret not in text and key_id not in text
@@ -386,7 +386,7 @@ def test_credentials_never_appear_in_output_or_files(s3, tmp_path, model_name):
 
 
 def test_shared_filesystem_copied_or_used_in_place(tmp_path, model_name):
-    from inferfleet.manifest import dumps, scan
+    from ansible_collections.inferfleet.fleet.plugins.module_utils.manifest import dumps, scan
 
     shared = tmp_path / "shared"
     folder = make_model(shared / model_name / "v1", model_files(7))
@@ -414,7 +414,8 @@ def test_role_installs_creates_the_cache_and_exports_facts(s3, tmp_path, model_n
     manifest = publish_version(s3, tmp_path, model_name, "v1", files)
     cache = tmp_path / "var" / "models"
     tasks = [
-        {"name": "model_sync role", "ansible.builtin.include_role": {"name": "model_sync"}},
+        {"name": "model_sync role",
+         "ansible.builtin.include_role": {"name": "inferfleet.fleet.model_sync"}},
         {"name": "facts", "ansible.builtin.debug": {
             "msg": "{{ model_sync_model_path }} {{ model_sync_manifest_digest }}"}},
     ]

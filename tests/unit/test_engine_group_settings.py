@@ -17,7 +17,7 @@ def preflight(tmp_path: Path, settings: dict) -> subprocess.CompletedProcess:
         "hosts": "localhost",
         "gather_facts": False,
         "vars": {"ansible_connection": "local", "inferfleet_accelerator": "cpu", **settings},
-        "tasks": [{"ansible.builtin.include_role": {"name": "inference_engine",
+        "tasks": [{"ansible.builtin.include_role": {"name": "inferfleet.fleet.inference_engine",
                                                     "tasks_from": "preflight"}}],
     }]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))

@@ -1,5 +1,5 @@
 """The inference_engine role's own unit template, rendered from the role's own defaults
-and vars (inferfleet.engine_args.render_unit), for both accelerators and both runtimes."""
+and vars (module_utils.engine_args.render_unit), for both accelerators and both runtimes."""
 
 import shutil
 import subprocess
@@ -9,8 +9,7 @@ import jinja2
 import jinja2.meta
 import pytest
 import yaml
-
-from inferfleet import engine_args as ea
+from ansible_collections.inferfleet.fleet.plugins.module_utils import engine_args as ea
 
 MODEL = "/var/lib/inferfleet/models/llama/current"
 COMBOS = [(runtime, accel) for runtime in ("venv", "container") for accel in ("nvidia", "cpu")]
@@ -134,9 +133,7 @@ def test_the_template_uses_only_the_roles_variables():
     for name in ("defaults/main.yml", "vars/main.yml"):
         declared |= set(yaml.safe_load((role / name).read_text()))
     source = (role / "templates" / "inferfleet-engine.service.j2").read_text()
-    env = jinja2.Environment()
-    env.filters.update(ea.FILTERS)
-    used = jinja2.meta.find_undeclared_variables(env.parse(source))
+    used = jinja2.meta.find_undeclared_variables(ea._jinja_env().parse(source))
     assert used - declared == {"ansible_managed"}
 
 

@@ -1,6 +1,6 @@
 """The firewall role: the rules each host gets, the file nft loads, and what is refused.
 
-The rules come from roles/firewall/filter_plugins/firewall.py, called directly on a mixed
+The rules come from plugins/filter/firewall.py, called directly on a mixed
 inventory (two replicas, one two-node instance, two load balancers, a monitoring host).
 The nft file is rendered by Ansible itself, through the role's `configure-rules` task file
 on local connections into temporary folders, and checked with `nft -c -f` (which needs
@@ -10,7 +10,6 @@ refusals are checked as an operator sees them.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -20,17 +19,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.inferfleet.fleet.plugins.filter import firewall as fw
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "firewall"
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 DOCS = REPO / "docs" / "security.md"
 
-_spec = importlib.util.spec_from_file_location(
-    "firewall_filters", ROLE / "filter_plugins" / "firewall.py"
-)
-fw = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fw)
 
 ENGINES = {
     "rep1": {"ansible_host": "10.0.0.11"},
@@ -261,7 +256,7 @@ RENDER = """\
   tasks:
     - name: Write firewall.nft (the role's template task, checked by nft -c)
       ansible.builtin.include_role:
-        name: firewall
+        name: inferfleet.fleet.firewall
         tasks_from: configure-rules
 """
 PREFLIGHT = """\
@@ -271,7 +266,7 @@ PREFLIGHT = """\
   tasks:
     - name: The role's preflight
       ansible.builtin.include_role:
-        name: firewall
+        name: inferfleet.fleet.firewall
         tasks_from: preflight
 """
 

@@ -1,19 +1,10 @@
-"""The fabric preflight's verdict (roles/fabric_preflight/filter_plugins): each problem of a
+"""The fabric preflight's verdict (plugins/filter/fabric_preflight.py): each problem of a
 multi-node instance is found and names the failing node or link."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "fabric_preflight_filters", REPO / "roles/fabric_preflight/filter_plugins/fabric_preflight.py"
-)
-fp = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fp)
+from ansible_collections.inferfleet.fleet.plugins.filter import fabric_preflight as fp
 
 GIB = 1024**3
 SETTINGS = {

@@ -4,7 +4,6 @@ module itself run once through Ansible."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,23 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.inferfleet.fleet.plugins.module_utils import gpu as g
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "nvidia-smi"
 FAKE_SMI = REPO / "molecule" / "gpu_host" / "files" / "fake-nvidia-smi"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location(
-        "inferfleet_gpu", REPO / "plugins" / "module_utils" / "inferfleet_gpu.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["inferfleet_gpu"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-g = _load()
 
 
 def fixture(name: str) -> str:
@@ -333,8 +322,6 @@ def test_module_through_ansible(tmp_path):
     env = {
         **os.environ,
         "FAKE_NVIDIA_SMI_DIR": str(shape),
-        "ANSIBLE_LIBRARY": str(REPO / "plugins/modules"),
-        "ANSIBLE_MODULE_UTILS": str(REPO / "plugins/module_utils"),
         "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
         "ANSIBLE_STDOUT_CALLBACK": "json",
         "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
@@ -346,7 +333,7 @@ def test_module_through_ansible(tmp_path):
             "-c",
             "local",
             "-m",
-            "gpu_facts",
+            "inferfleet.fleet.gpu_facts",
             "-a",
             f"nvidia_smi={FAKE_SMI} host_root={root}",
         ],

@@ -167,7 +167,7 @@ PLAYBOOK = """\
       block:
         - name: Run gpu_driver's platform tasks
           ansible.builtin.include_role:
-            name: gpu_driver
+            name: inferfleet.fleet.gpu_driver
             tasks_from: platform
             public: true
         - name: Keep the driver selection
@@ -182,7 +182,7 @@ PLAYBOOK = """\
       block:
         - name: Run container_runtime's platform tasks
           ansible.builtin.include_role:
-            name: container_runtime
+            name: inferfleet.fleet.container_runtime
             tasks_from: platform
             public: true
         - name: Keep the runtime selection
@@ -229,9 +229,6 @@ def selections(tmp_path_factory) -> dict[str, dict]:
     out = folder / "selections.json"
     env = {
         **os.environ,
-        "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-        "ANSIBLE_LIBRARY": str(REPO / "plugins/modules"),
-        "ANSIBLE_MODULE_UTILS": str(REPO / "plugins/module_utils"),
         "ANSIBLE_FORKS": "20",
         "ANSIBLE_GATHERING": "explicit",
     }

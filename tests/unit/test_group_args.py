@@ -1,12 +1,11 @@
 """Multi-node instances (pipeline groups): every rank's `vllm serve` arguments and
 environment, for both group back ends (native: vLLM's own multi-node runtime; ray: a Ray
-cluster of the members), through inferfleet.engine_args and through the inference_engine
+cluster of the members), through module_utils.engine_args and through the inference_engine
 role's own unit templates, vars and environment-file tasks, with GPU-sized settings."""
 
 import pytest
 import yaml
-
-from inferfleet import engine_args as ea
+from ansible_collections.inferfleet.fleet.plugins.module_utils import engine_args as ea
 
 MODEL = "/var/lib/inferfleet/models/llama-3.1-405b/current"
 VLLM = "/opt/inferfleet/engine/venv-vllm-0.32.0/bin/vllm"

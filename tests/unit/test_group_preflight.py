@@ -1,4 +1,4 @@
-"""A multi-node instance's preflight (inferfleet.group), the watchdog's reading of the
+"""A multi-node instance's preflight (module_utils.group), the watchdog's reading of the
 kernel's TCP tables and the route parsing (roles/inference_engine/files): every mismatch
 names the node and both values."""
 
@@ -6,8 +6,10 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
-from inferfleet.group import group_problems, layer_split
+from ansible_collections.inferfleet.fleet.plugins.module_utils.group import (
+    group_problems,
+    layer_split,
+)
 
 FILES = Path(__file__).parents[2] / "roles/inference_engine/files"
 

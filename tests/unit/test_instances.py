@@ -1,6 +1,10 @@
 import pytest
-
-from inferfleet.instances import InventoryError, instances, rank_of, serving_nodes
+from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import (
+    InventoryError,
+    instances,
+    rank_of,
+    serving_nodes,
+)
 
 
 def test_default_every_node_is_its_own_instance():

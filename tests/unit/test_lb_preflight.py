@@ -26,7 +26,7 @@ PLAYBOOK = """\
   tasks:
     - name: Run the role's preflight
       ansible.builtin.include_role:
-        name: load_balancer
+        name: inferfleet.fleet.load_balancer
         tasks_from: preflight
 """
 

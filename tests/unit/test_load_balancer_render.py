@@ -42,11 +42,11 @@ PLAYBOOK = """\
   tasks:
     - name: Run the role's preflight
       ansible.builtin.include_role:
-        name: load_balancer
+        name: inferfleet.fleet.load_balancer
         tasks_from: preflight
     - name: Render the configuration
       ansible.builtin.include_role:
-        name: load_balancer
+        name: inferfleet.fleet.load_balancer
         tasks_from: configure
     # The role's handlers would reload a real service on this machine: not here.
     - name: Stop before the handlers

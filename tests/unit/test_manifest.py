@@ -8,8 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-
-from inferfleet import manifest as mf
+from ansible_collections.inferfleet.fleet.plugins.module_utils import manifest as mf
 
 VECTOR = Path(__file__).resolve().parents[1] / "fixtures" / "manifest-vector"
 VECTOR_DIGEST = "sha256:aa1c6312e58b81f7bb6819de8c61a3358f0318fd73b807474ce0289989f67fb6"
@@ -17,9 +16,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_package_and_node_share_one_definition():
-    link = REPO / "src" / "inferfleet" / "manifest.py"
-    assert link.is_symlink()
-    assert link.resolve() == REPO / "plugins" / "module_utils" / "inferfleet_manifest.py"
+    """The CLI publishes with the collection's module_utils, the one model_sync ships."""
+    from inferfleet import publish
+
+    assert not (REPO / "src" / "inferfleet" / "manifest.py").exists()
+    assert publish.scan is mf.scan
+    assert Path(mf.__file__).resolve() == REPO / "plugins" / "module_utils" / "manifest.py"
 
 
 def test_vector_manifest_is_reproduced_byte_for_byte():

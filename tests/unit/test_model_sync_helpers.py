@@ -1,7 +1,7 @@
 """model_sync's pure helpers, its S3 client, and its cache logic with an in-memory source.
 
-The module and its module_utils are loaded the way Ansible ships them
-(``ansible.module_utils.inferfleet_*``), from plugins/.
+The module and its module_utils are imported from the collection
+(``ansible_collections.inferfleet.fleet.plugins``).
 """
 
 from __future__ import annotations
@@ -9,36 +9,16 @@ from __future__ import annotations
 import errno
 import hashlib
 import http.server
-import importlib.util
 import os
-import sys
 import threading
 from pathlib import Path
 
 import pytest
+from ansible_collections.inferfleet.fleet.plugins.module_utils import manifest as mf
+from ansible_collections.inferfleet.fleet.plugins.module_utils import s3 as s3
+from ansible_collections.inferfleet.fleet.plugins.modules import model_sync as ms
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _load_model_sync():
-    import ansible.module_utils as module_utils
-
-    utils = str(REPO / "plugins" / "module_utils")
-    if utils not in module_utils.__path__:
-        module_utils.__path__.append(utils)
-    name = "inferfleet_test_model_sync"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "plugins/modules/model_sync.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-ms = _load_model_sync()
-from ansible.module_utils import inferfleet_manifest as mf  # noqa: E402
-from ansible.module_utils import inferfleet_s3 as s3  # noqa: E402
-
 MiB = 1024 * 1024
 
 

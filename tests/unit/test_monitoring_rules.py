@@ -38,11 +38,11 @@ PLAYBOOK = """\
   tasks:
     - name: Run the role's preflight
       ansible.builtin.include_role:
-        name: monitoring
+        name: inferfleet.fleet.monitoring
         tasks_from: preflight
     - name: Render prometheus.yml, the rules and the targets
       ansible.builtin.include_role:
-        name: monitoring
+        name: inferfleet.fleet.monitoring
         tasks_from: prometheus-config
     # The role's handlers would reload a real Prometheus on this machine: not here.
     - name: Stop before the handlers

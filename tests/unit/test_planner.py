@@ -3,7 +3,6 @@ the Ansible filter."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import math
@@ -13,10 +12,7 @@ from pathlib import Path
 import pytest
 import typer
 import yaml
-from typer.testing import CliRunner
-
-from inferfleet.commands.plan import plan_command
-from inferfleet.planner import (
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner import (
     Hardware,
     PlannerError,
     Targets,
@@ -27,9 +23,20 @@ from inferfleet.planner import (
     plan_config,
     plan_model,
 )
-from inferfleet.planner.memory import GiB, kv_capacity, layer_caches
-from inferfleet.planner.model import parse_header
-from inferfleet.planner.weights import QuantScheme, build_weights, pp_layer_ranges
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.memory import (
+    GiB,
+    kv_capacity,
+    layer_caches,
+)
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.model import parse_header
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.weights import (
+    QuantScheme,
+    build_weights,
+    pp_layer_ranges,
+)
+from typer.testing import CliRunner
+
+from inferfleet.commands.plan import plan_command
 
 CONFIGS = Path(__file__).resolve().parent.parent / "fixtures" / "configs"
 ROOT = Path(__file__).resolve().parents[2]
@@ -627,28 +634,26 @@ def test_cli_bad_input_is_one_line_without_traceback(tmp_path):
 
 
 def filters():
-    spec = importlib.util.spec_from_file_location(
-        "capacity_filter", ROOT / "plugins" / "filter" / "capacity.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.FilterModule().filters()
+    from ansible_collections.inferfleet.fleet.plugins.filter.capacity import FilterModule
+
+    return FilterModule().filters()
 
 
 def test_filter_returns_the_same_plan_as_the_cli():
     f = filters()
-    plan = f["inferfleet_capacity_plan"](str(CONFIGS / "llama-3.1-70b.json"), 8, 80, nodes=2)
+    plan = f["capacity_plan"](str(CONFIGS / "llama-3.1-70b.json"), 8, 80, nodes=2)
     same = plan_model(load_model(str(CONFIGS / "llama-3.1-70b.json")), Hardware(8, 80, 2))
     assert plan == same.to_dict()
-    assert f["inferfleet_capacity_require"](plan) is plan
+    assert f["capacity_require"](plan) is plan
 
 
 def test_filter_refuses_an_inventory_that_cannot_work_with_the_numbers():
     from ansible.errors import AnsibleFilterError
 
     f = filters()
-    plan = f["inferfleet_capacity_plan"](config("llama-3.1-70b"), 2, 48, nodes=1)
+    plan = f["capacity_plan"](config("llama-3.1-70b"), 2, 48, nodes=1)
     with pytest.raises(AnsibleFilterError) as err:
-        f["inferfleet_capacity_require"](plan)
+        f["capacity_require"](plan)
     message = str(err.value)
     assert "does not fit 1 node(s) x 2 GPU(s) x 48 GiB" in message
     assert f"short by {plan['shortfall_gib']} GiB per GPU" in message
@@ -660,11 +665,11 @@ def test_filter_refuses_instances_smaller_than_the_pipeline_needs():
     from ansible.errors import AnsibleFilterError
 
     f = filters()
-    plan = f["inferfleet_capacity_plan"](config("llama-3.1-70b"), 2, 48, nodes=2, context=8192)
+    plan = f["capacity_plan"](config("llama-3.1-70b"), 2, 48, nodes=2, context=8192)
     assert plan["nodes_per_instance"] == 2
     with pytest.raises(AnsibleFilterError, match="needs instances of 2 nodes"):
-        f["inferfleet_capacity_require"](plan, instance_nodes=1)
-    assert f["inferfleet_capacity_require"](plan, instance_nodes=2) is plan
+        f["capacity_require"](plan, instance_nodes=1)
+    assert f["capacity_require"](plan, instance_nodes=2) is plan
 
 
 def test_filter_bad_arguments_become_filter_errors():
@@ -672,9 +677,9 @@ def test_filter_bad_arguments_become_filter_errors():
 
     f = filters()
     with pytest.raises(AnsibleFilterError, match="unknown argument"):
-        f["inferfleet_capacity_plan"](config("llama-3.1-8b"), 1, 80, colour="red")
+        f["capacity_plan"](config("llama-3.1-8b"), 1, 80, colour="red")
     with pytest.raises(AnsibleFilterError, match="--context"):
-        f["inferfleet_capacity_plan"](config("llama-3.1-8b"), 1, 80, context=10**7)
+        f["capacity_plan"](config("llama-3.1-8b"), 1, 80, context=10**7)
 
 
 def test_filters_read_the_engines_last_kv_line_and_plan_the_cpu_build_the_same():
@@ -685,8 +690,8 @@ def test_filters_read_the_engines_last_kv_line_and_plan_the_cpu_build_the_same()
         "INFO CPU KV cache size: 524,288 tokens, Maximum concurrency for 1,024 tokens per "
         "request: 512.00x\n"
     )
-    assert f["inferfleet_kv_logged"](log) == 524_288
-    assert f["inferfleet_kv_logged"]("no such line") is None
-    assert f["inferfleet_cpu_kv_tokens"](TINY, 1) == 524_288
-    assert f["inferfleet_cpu_kv_tokens"](WIDE, 1, kv_cache_dtype="fp8") == 349_440
-    assert f["inferfleet_cpu_kv_tokens"](TINY, 1, max_model_len=1024, dtype="float16") == 524_288
+    assert f["kv_logged"](log) == 524_288
+    assert f["kv_logged"]("no such line") is None
+    assert f["cpu_kv_tokens"](TINY, 1) == 524_288
+    assert f["cpu_kv_tokens"](WIDE, 1, kv_cache_dtype="fp8") == 349_440
+    assert f["cpu_kv_tokens"](TINY, 1, max_model_len=1024, dtype="float16") == 524_288

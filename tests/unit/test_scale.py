@@ -3,7 +3,6 @@ the filters that pick the instances named, and the refusals of playbooks/scale.y
 which come from its first play (localhost) before any host is touched: real
 ansible-runner runs against local-connection hosts."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -108,10 +107,9 @@ def test_the_file_that_lists_the_group_is_found_in_a_directory(tmp_path):
 
 
 def test_the_filters_name_whole_instances():
-    spec = importlib.util.spec_from_file_location("f", ROOT / "plugins" / "filter" / "inventory.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    f = module.FilterModule().filters()
+    from ansible_collections.inferfleet.fleet.plugins.filter.inventory import FilterModule
+
+    f = FilterModule().filters()
     hosts = ["a1", "a2", "b", "c"]
     hostvars = {
         "a1": {"inferfleet_instance": "a"},
@@ -119,8 +117,8 @@ def test_the_filters_name_whole_instances():
         "b": {},
         "c": {},
     }
-    assert f["inferfleet_serving_nodes_of"](["a2", "c"], hosts, hostvars) == ["a1", "c"]
-    assert f["inferfleet_serving_nodes_of"]([], hosts, hostvars) == []
+    assert f["serving_nodes_of"](["a2", "c"], hosts, hostvars) == ["a1", "c"]
+    assert f["serving_nodes_of"]([], hosts, hostvars) == []
 
 
 # --- the CLI and the playbook's refusals ---------------------------------------------

@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.table import Table
 
 from inferfleet import runner
-from inferfleet.runner import ROOT, RunResult, summary_rows
+from inferfleet.paths import LAB_INVENTORY
+from inferfleet.runner import RunResult, summary_rows
 
-LAB_INVENTORY = ROOT / "inventories" / "lab"
 console = Console()
 
 

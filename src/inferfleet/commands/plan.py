@@ -12,11 +12,20 @@ from pathlib import Path
 
 import typer
 import yaml
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner import (
+    Hardware,
+    PlannerError,
+    Targets,
+    load_model,
+    plan_model,
+)
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.plan import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    Plan,
+)
 from rich.console import Console
 
-from inferfleet.planner import Hardware, PlannerError, Targets, load_model, plan_model
-from inferfleet.planner.plan import DEFAULT_GPU_MEMORY_UTILIZATION, Plan
-from inferfleet.planner.render import render
+from inferfleet.plan_view import render
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from inferfleet.planner.errors import PlannerError
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.errors import PlannerError
 
 _ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
 

@@ -2,7 +2,7 @@
 
 A layout is TP x PP: PP nodes per instance, TP GPUs per node. It fits when, on
 every GPU, ``memory x gpu_memory_utilization`` holds the weights, the overhead
-(see :mod:`inferfleet.planner.memory`) and a KV cache big enough for the target
+(see module_utils.planner.memory`) and a KV cache big enough for the target
 number of concurrent sequences at the target context (vLLM's own start-up check
 is the same with one sequence).
 
@@ -24,9 +24,12 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from inferfleet.planner.architecture import Architecture, parse_architecture
-from inferfleet.planner.errors import PlannerError
-from inferfleet.planner.memory import (
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.architecture import (
+    Architecture,
+    parse_architecture,
+)
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.errors import PlannerError
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.memory import (
     GPU_BLOCK_SIZE,
     GiB,
     KVCapacity,
@@ -38,8 +41,8 @@ from inferfleet.planner.memory import (
     layer_caches,
     overhead,
 )
-from inferfleet.planner.model import ModelSource
-from inferfleet.planner.weights import (
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.model import ModelSource
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.weights import (
     DTYPE_BY_NAME,
     PRECISION_LADDER,
     Weights,
@@ -373,7 +376,7 @@ def _resolve(arch: Architecture, hardware: Hardware, targets: Targets
 
 
 def plan_model(source: ModelSource, hardware: Hardware, targets: Targets | None = None) -> Plan:
-    """Plan a model read by :func:`inferfleet.planner.model.load_model`."""
+    """Plan a model read by module_utils.planner.model.load_model`."""
     targets = targets or Targets()
     arch = parse_architecture(source.config)
     weights = build_weights(arch, source.tensors, targets.dtype, targets.quantization)

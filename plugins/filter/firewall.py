@@ -11,7 +11,7 @@ addresses from the host's gathered facts. A name is never used: nft would resolv
 at load time, and a later DNS change would silently change who gets in. The preflight
 gathers the network facts of hosts that need them (`firewall_hosts_needing_facts`).
 
-Instances come from inferfleet.instances, the same derivation the load balancer and the
+Instances come from module_utils.instances, the same derivation the load balancer and the
 monitoring use.
 """
 
@@ -22,9 +22,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ansible.errors import AnsibleFilterError
-
-from inferfleet.engine_args import ray_ports
-from inferfleet.instances import InventoryError, instances
+from ansible_collections.inferfleet.fleet.plugins.module_utils.engine_args import ray_ports
+from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import (
+    InventoryError,
+    instances,
+)
 
 PROTOCOLS = ("tcp", "udp")
 
@@ -148,7 +150,7 @@ def _engine_ray_ports(hv: Mapping) -> list[str]:
         return []
     import yaml
 
-    defaults_file = Path(__file__).resolve().parents[2] / "inference_engine/defaults/main.yml"
+    defaults_file = Path(__file__).resolve().parents[2] / "roles/inference_engine/defaults/main.yml"
     defaults = yaml.safe_load(defaults_file.read_text())
     prefix = "inference_engine_ray_"
     return ray_ports({k[len(prefix):]: hv.get(k, v) for k, v in defaults.items()

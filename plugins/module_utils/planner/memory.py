@@ -43,8 +43,10 @@ import math
 import re
 from dataclasses import dataclass
 
-from inferfleet.planner.architecture import Architecture
-from inferfleet.planner.errors import PlannerError
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.architecture import (
+    Architecture,
+)
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.errors import PlannerError
 
 GiB = 1 << 30
 
@@ -211,7 +213,9 @@ def cpu_kv_capacity(arch: Architecture, kvcache_space_gib: int, max_model_len: i
     latter matters only for sliding-window layers. ``amx``: whether the CPU has
     AMX tiles, which decides the block size of MLA models.
     """
-    from inferfleet.planner.weights import resolve_dtype
+    from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.weights import (
+        resolve_dtype,
+    )
 
     kv_bytes = kv_dtype_bytes(kv_cache_dtype, resolve_dtype(dtype, arch))
     if block_size is None:

@@ -319,14 +319,14 @@ def systemd_quote(args: Iterable[Any]) -> str:
 
 # Filters by the names the role's templates use (plugins/filter/engine_args.py wraps them).
 FILTERS = {
-    "inferfleet_vllm_serve_args": serve_args,
-    "inferfleet_vllm_container_flags": container_flags,
-    "inferfleet_vllm_environment": environment,
-    "inferfleet_vllm_secret_environment": secret_environment,
-    "inferfleet_vllm_env_file": env_file,
-    "inferfleet_vllm_managed_flag_conflicts": managed_flag_conflicts,
-    "inferfleet_systemd_quote": systemd_quote,
-    "inferfleet_ray_start_args": ray_start_args,
+    "vllm_serve_args": serve_args,
+    "vllm_container_flags": container_flags,
+    "vllm_environment": environment,
+    "vllm_secret_environment": secret_environment,
+    "vllm_env_file": env_file,
+    "vllm_managed_flag_conflicts": managed_flag_conflicts,
+    "systemd_quote": systemd_quote,
+    "ray_start_args": ray_start_args,
 }
 
 
@@ -345,7 +345,7 @@ def _jinja_env() -> Any:
     # trim_blocks as in Ansible's template module, so both render the same text.
     env = jinja2.Environment(undefined=jinja2.ChainableUndefined, keep_trailing_newline=True,
                              trim_blocks=True)
-    env.filters.update(FILTERS)
+    env.filters.update({f"inferfleet.fleet.{name}": func for name, func in FILTERS.items()})
     # The few Ansible filters the role's vars and template use.
     env.filters["dirname"] = lambda path: os.path.dirname(str(path))
     env.filters["regex_replace"] = lambda s, pattern, repl: re.sub(pattern, repl, str(s))

@@ -4,7 +4,7 @@
 readers, and the collection that joins them.
 
 Standard library only, and no Ansible import: the gpu_facts module runs it on the node
-(as ``ansible.module_utils.inferfleet_gpu``), the unit tests call the parsers on written
+(as module_utils.gpu), the unit tests call the parsers on written
 samples, and ``scripts/gpu-check/gpu_facts.sh`` runs it with a plain ``python3``.
 Every command is run through a ``run(argv) -> (rc, stdout, stderr)`` callable, so the
 caller decides how (AnsibleModule.run_command, or subprocess).

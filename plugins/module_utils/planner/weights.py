@@ -47,9 +47,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferfleet.planner.architecture import Architecture
-from inferfleet.planner.errors import PlannerError
-from inferfleet.planner.model import TensorInfo
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.architecture import (
+    Architecture,
+)
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.errors import PlannerError
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.model import TensorInfo
 
 DTYPE_BY_NAME = {"bfloat16": ("BF16", 2), "float16": ("F16", 2), "float32": ("F32", 4)}
 _DTYPE_ALIASES = {"auto": "auto", "half": "float16", "float": "float32", "bf16": "bfloat16",

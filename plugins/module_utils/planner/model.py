@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferfleet.planner.errors import PlannerError
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.errors import PlannerError
 
 #: The safetensors format caps the header at 100 MB; a bigger length means the
 #: file is not safetensors (or is corrupt).

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.memory import GiB
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.plan import Layout, Plan
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
-
-from inferfleet.planner.memory import GiB
-from inferfleet.planner.plan import Layout, Plan
 
 BAR_WIDTH = 48
 _SEGMENTS = (

@@ -28,9 +28,8 @@ A version of a model is a folder of files plus ``manifest.json``::
   sorted keys, two-space indent and a trailing newline.
   ``tests/fixtures/manifest-vector`` pins the exact bytes.
 
-Standard library only, Python 3.8+: this file is shipped to nodes as an Ansible
-module_utils (``ansible.module_utils.inferfleet_manifest``) and is the same file as
-``inferfleet.manifest`` in the Python package (a symlink).
+Standard library only, Python 3.8+: the model_sync module ships this file to nodes,
+and the CLI (`inferfleet model publish`) imports it from the collection.
 """
 
 from __future__ import annotations

@@ -17,8 +17,10 @@ import ipaddress
 from collections.abc import Mapping, Sequence
 
 from ansible.errors import AnsibleFilterError
-
-from inferfleet.instances import InventoryError, instances
+from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import (
+    InventoryError,
+    instances,
+)
 
 JOBS = ("engine", "loadbalancer", "node", "dcgm")
 WILDCARDS = {"", "0.0.0.0", "::", "*", "[::]"}

@@ -1,1 +1,0 @@
-../../plugins/module_utils/inferfleet_manifest.py
