@@ -8,10 +8,9 @@ import pytest
 
 pytestmark = pytest.mark.lab
 
-# molecule/rolling is a link to molecule/replicated (one fleet, one converge: rolling
-# updates, canaries and rollback, scaling in and out, the monitoring and its alerts):
-# CI runs it once, as `replicated`. scripts/test.sh runs replicated in one lane and
-# the others (pipeline first) in the second.
+# molecule/replicated is one fleet, one converge: rolling updates, canaries and rollback,
+# scaling in and out, the monitoring and its alerts. scripts/test.sh runs replicated in
+# one lane and the others (pipeline first) in the second.
 SCENARIOS = ["default", "lb", "replicated", "pipeline", "gpu_host"]
 
 

@@ -3,6 +3,7 @@ and a real deployment of it with site.yml: two vLLM replicas behind HAProxy."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shlex
@@ -37,11 +38,23 @@ def curl_example(lb_address: str, port: int, key: str, model: str) -> str:
     )
 
 
+def require_lab() -> None:
+    """The lab needs its extras (the tiny model's numpy and tokenizers, SeaweedFS) and
+    its inventory, which a checkout has (an installed CLI does not carry it yet)."""
+    missing = [m for m in ("numpy", "tokenizers") if importlib.util.find_spec(m) is None]
+    if missing:
+        fail(f"the lab needs {', '.join(missing)}: pip install 'inferfleet[lab]'")
+    if not (LAB_INVENTORY / "hosts.yml").is_file():
+        fail(f"no lab inventory at {LAB_INVENTORY}: the lab runs from a clone of the "
+             "repository (`make demo` there)")
+
+
 @app.command()
 def up(deploy: bool = typer.Option(True, help="Run site.yml once the hosts are up.")) -> None:
     """Build the lab and deploy the tiny model on it; print a working endpoint."""
     from inferfleet.lab.wheelhouse import ensure_wheelhouse
 
+    require_lab()
     try:
         image = ensure_node_image(log=console.print)
         wheelhouse = ensure_wheelhouse(log=console.print)
