@@ -28,7 +28,7 @@ if docker info >/dev/null 2>&1 || { command -v dockerd >/dev/null 2>&1 && script
   [ -z "$networks" ] || { say "removing networks: $(echo $networks)"; docker network rm $networks >/dev/null; }
   images=$(docker images --format '{{.Repository}}:{{.Tag}}' | ours)
   [ -z "$images" ] || { say "removing images: $(echo $images)"; docker rmi -f $images >/dev/null; }
-  docker builder prune -af >/dev/null
+  docker builder prune -af >/dev/null 2>&1
 fi
 
 caches=("$HOME/.cache/inferfleet" "$HOME/.cache/molecule" "$HOME/.cache/ansible-compat" .venv)
