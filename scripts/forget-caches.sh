@@ -2,8 +2,8 @@
 # Make this machine look, to the project, like one that never ran it: remove the lab and
 # every container and network of the project, its Docker images (the Debian and Ubuntu
 # node images and their bases) and Docker's build cache, its caches under ~/.cache (the
-# wheelhouse, the lab's tiny models, molecule's and ansible-compat's state), pip's cache
-# and the checkout's .venv. The next `make test` (or `make demo`) then rebuilds every
+# wheelhouse, the lab's tiny models, molecule's and ansible-compat's state), pip's cache,
+# copies of the inferfleet.fleet collection that tools installed, and the checkout's .venv. The next `make test` (or `make demo`) then rebuilds every
 # image, wheelhouse and cache from the registries, so a broken download fails there
 # rather than hiding behind a cache. System packages (docker.io, debootstrap, haproxy,
 # ...) stay: apt's own steps are the same on any machine.
@@ -31,7 +31,8 @@ if docker info >/dev/null 2>&1 || { command -v dockerd >/dev/null 2>&1 && script
   docker builder prune -af >/dev/null 2>&1
 fi
 
-caches=("$HOME/.cache/inferfleet" "$HOME/.cache/molecule" "$HOME/.cache/ansible-compat" .venv)
+caches=("$HOME/.cache/inferfleet" "$HOME/.cache/molecule" "$HOME/.cache/ansible-compat" .venv
+        .ansible "$HOME/.ansible/collections/ansible_collections/inferfleet")
 pip_cache=$(python3 -m pip cache dir 2>/dev/null || true)
 [ -z "$pip_cache" ] || caches+=("$pip_cache")
 for dir in "${caches[@]}"; do

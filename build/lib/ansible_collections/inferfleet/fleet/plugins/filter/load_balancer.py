@@ -1,0 +1,66 @@
+"""The load balancer's servers, derived from the inventory's instances.
+
+`inferfleet_instances` (plugins/filter/inventory.py) says which hosts form which
+instance, in rank order; this filter turns every instance's rank 0 into one server
+entry for the HAProxy/Nginx templates and for the role's preflight checks. Per-server
+settings are read from the serving host's variables, falling back to the role's
+defaults, so mixed hardware is described where the hardware is: on the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ansible.errors import AnsibleFilterError
+
+
+def _int(host: str, name: str, value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError) as err:
+        raise AnsibleFilterError(
+            f"{host}: {name} must be a whole number, not {value!r}: fix it in the inventory"
+        ) from err
+
+
+def load_balancer_servers(instances: Mapping, hostvars: Mapping, defaults: Mapping) -> list:
+    """One server per instance, named after the instance, pointing at its rank 0.
+
+    `defaults` holds `port`, `weight` and `maxconn`; a serving host overrides them
+    with `inference_engine_port`, `load_balancer_backend_weight` and
+    `load_balancer_backend_maxconn`, and its address with `load_balancer_backend_address`
+    (else `ansible_host`, else its inventory name).
+    """
+    servers = []
+    for name, members in instances.items():
+        if not members:
+            continue
+        host = members[0]
+        hv = hostvars.get(host, {}) if hasattr(hostvars, "get") else hostvars[host]
+        address = hv.get("load_balancer_backend_address") or hv.get("ansible_host") or host
+        servers.append(
+            {
+                "name": str(name),
+                "host": host,
+                "members": list(members),
+                "address": str(address),
+                "port": _int(
+                    host, "inference_engine_port",
+                    hv.get("inference_engine_port", defaults["port"]),
+                ),
+                "weight": _int(
+                    host, "load_balancer_backend_weight",
+                    hv.get("load_balancer_backend_weight", defaults["weight"]),
+                ),
+                "maxconn": _int(
+                    host, "load_balancer_backend_maxconn",
+                    hv.get("load_balancer_backend_maxconn", defaults["maxconn"]),
+                ),
+            }
+        )
+    return sorted(servers, key=lambda s: s["name"])
+
+
+class FilterModule:
+    def filters(self):
+        return {"load_balancer_servers": load_balancer_servers}

@@ -1,0 +1,132 @@
+"""`inferfleet lab`: the local lab. Containers as hosts, SeaweedFS as S3, a tiny model,
+and a real deployment of it with site.yml: two vLLM replicas behind HAProxy."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+from pathlib import Path
+
+import typer
+import yaml
+
+from inferfleet.commands.common import LAB_INVENTORY, console, fail, print_summary
+from inferfleet.lab import fleet, services
+from inferfleet.lab.build import BuildError
+from inferfleet.lab.image import ensure_node_image
+from inferfleet.runner import run_playbook
+
+app = typer.Typer(help="The local lab: node containers, S3 and a tiny model.", no_args_is_help=True)
+LAB_NAME = "inferfleet-lab"
+CACHE = Path.home() / ".cache" / "inferfleet" / "lab"
+
+
+def lab_vars() -> dict:
+    return yaml.safe_load((LAB_INVENTORY / "group_vars" / "all" / "lab.yml").read_text())
+
+
+def curl_example(lb_address: str, port: int, key: str, model: str) -> str:
+    body = json.dumps(
+        {"model": model, "prompt": "Hello, fleet", "max_tokens": 16, "temperature": 0}
+    )
+    return (
+        f"curl -s http://{lb_address}:{port}/v1/completions "
+        f"-H {shlex.quote('Authorization: Bearer ' + key)} "
+        f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
+    )
+
+
+def require_lab() -> None:
+    """The lab needs its extras (the tiny model's numpy and tokenizers, SeaweedFS) and
+    its inventory, which a checkout has (an installed CLI does not carry it yet)."""
+    missing = [m for m in ("numpy", "tokenizers") if importlib.util.find_spec(m) is None]
+    if missing:
+        fail(f"the lab needs {', '.join(missing)}: pip install 'inferfleet[lab]'")
+    if not (LAB_INVENTORY / "hosts.yml").is_file():
+        fail(f"no lab inventory at {LAB_INVENTORY}: the lab runs from a clone of the "
+             "repository (`make demo` there)")
+
+
+@app.command()
+def up(deploy: bool = typer.Option(True, help="Run site.yml once the hosts are up.")) -> None:
+    """Build the lab and deploy the tiny model on it; print a working endpoint."""
+    from inferfleet.lab.wheelhouse import ensure_wheelhouse
+
+    require_lab()
+    try:
+        image = ensure_node_image(log=console.print)
+        wheelhouse = ensure_wheelhouse(log=console.print)
+    except (BuildError, OSError) as err:  # OSError: no docker or debootstrap at all
+        fail(f"{err}; run `make setup`" if isinstance(err, OSError) else str(err))
+    lab = services.up(LAB_NAME, image)
+    settings = lab_vars()
+    bucket, prefix = settings["model_sync_s3_bucket"], settings["model_sync_s3_prefix"]
+    name, version = settings["inferfleet_model_name"], settings["inferfleet_model_version"]
+    if services.publish_tiny(lab, bucket, prefix, name, version, seed=1, workdir=CACHE):
+        console.print(f"published the tiny model to s3://{bucket}/{prefix}/{name}/{version}")
+    groups = fleet.inventory_hosts(LAB_INVENTORY)
+    hosts = [h for members in groups.values() for h in members]
+    fleet.create(LAB_NAME, lab.network, image, hosts, wheelhouse)
+    state = fleet.write_state(LAB_INVENTORY, {h: fleet.address(h, lab.network) for h in hosts})
+    console.print(f"lab hosts up: {', '.join(hosts)}")
+    if not deploy:
+        return
+    result = run_playbook("lab up", "site.yml", LAB_INVENTORY, console=console)
+    print_summary(result)
+    if result.rc:
+        raise typer.Exit(result.rc)
+    lb = groups["loadbalancers"][0]
+    console.print("\n[bold green]The lab serves.[/] Try:\n")
+    console.print(
+        curl_example(
+            fleet.address(lb, lab.network),
+            settings["load_balancer_port"],
+            state["inferfleet_lab_api_key"],
+            settings["inferfleet_model_name"],
+        ),
+        soft_wrap=True,
+        highlight=False,
+    )
+
+
+@app.command()
+def publish(
+    version: str = typer.Argument(..., help="The new version's name, e.g. v2."),
+    seed: int = typer.Option(2, help="Weights seed: another seed gives other greedy answers."),
+) -> None:
+    """Publish another version of the lab's tiny model (to try `inferfleet rollout`)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}", version) or version == "current":
+        fail(f"version {version!r}: use letters, digits, '.', '_', '+' or '-' (not 'current')")
+    if not any(name == f"{LAB_NAME}-s3" for name, _ in services.containers(LAB_NAME)):
+        fail("the lab is not up: run `inferfleet lab up` first")
+    lab = services.up(LAB_NAME, ensure_node_image(log=console.print))
+    settings = lab_vars()
+    bucket, prefix = settings["model_sync_s3_bucket"], settings["model_sync_s3_prefix"]
+    name = settings["inferfleet_model_name"]
+    where = f"s3://{bucket}/{prefix}/{name}/{version}"
+    if services.publish_tiny(lab, bucket, prefix, name, version, seed=seed, workdir=CACHE):
+        console.print(
+            f"published {where}; roll it out with `inferfleet rollout --version {version}`"
+        )
+    else:
+        console.print(f"{where} is already published (versions are immutable)")
+
+
+@app.command()
+def down() -> None:
+    """Remove every container, network and generated file the lab made, and nothing else."""
+    removed = services.down(LAB_NAME)
+    fleet.remove_state(LAB_INVENTORY)
+    console.print(f"removed {len(removed)} lab container(s) and network(s)")
+
+
+@app.command()
+def status() -> None:
+    """The lab's containers and their state."""
+    out = services.containers(LAB_NAME)
+    if not out:
+        console.print("the lab is down (run `inferfleet lab up`)")
+    for name, state in out:
+        console.print(f"{name:28} {state}")

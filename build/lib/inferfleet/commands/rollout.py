@@ -1,0 +1,317 @@
+"""`inferfleet rollout` / `inferfleet rollback`: playbooks/rolling_update.yml and
+playbooks/rollback.yml, one batch of instances at a time, over the lab by default.
+`rollout --canary` switches one instance first, gives it a share of the requests and
+compares it with the old release before the rest follow (or it is rolled back)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from inferfleet import canary as c
+from inferfleet import fleet as fleet_mod
+from inferfleet import verify as v
+from inferfleet.commands.common import (
+    changes_the_fleet,
+    console,
+    fail,
+    parse_extra_vars,
+    print_summary,
+    resolve_inventory,
+)
+from inferfleet.runner import CANARY_REGRESSED, add_to_record, run_playbook
+
+# The options both commands take.
+INVENTORY = typer.Option(None, "-i", "--inventory", help="Inventory path.")
+SERIAL = typer.Option(1, help="Instances switched at a time.")
+MAX_FAIL_PERCENTAGE = typer.Option(
+    0, help="Failed instances (percent of a batch) tolerated before the run stops."
+)
+EXTRA = typer.Option([], "-e", "--extra-vars", help="key=value or @file.yml")
+
+
+def _batch_vars(serial: int, max_fail_percentage: int) -> dict:
+    if serial < 1:
+        fail(f"--serial {serial}: roll at least one instance per batch")
+    if not 0 <= max_fail_percentage <= 100:
+        fail(f"--max-fail-percentage {max_fail_percentage}: give a percentage, 0 to 100")
+    return {"rollout_serial": serial, "rollout_max_fail_percentage": max_fail_percentage}
+
+
+def _served_everywhere(version: str | None) -> None:
+    if version is not None:
+        console.print(
+            f"every instance serves {version}: set inferfleet_model_version: {version} in the "
+            "inventory, or the next deploy rolls it back"
+        )
+
+
+def _metrics(fleet: fleet_mod.Fleet) -> dict[str, c.Snapshot]:
+    out = {}
+    for node in fleet.serving:
+        status, text = v.get(f"{node.base}/metrics", fleet.engine_key)
+        if status != 200:
+            raise RuntimeError(f"{node.host}'s /metrics answered {status or text}")
+        out[node.host] = c.Snapshot.of(text)
+    return out
+
+
+def _canary_window(
+    fleet: fleet_mod.Fleet,
+    node: fleet_mod.Node,
+    seconds: float,
+    requests: int,
+    load: int,
+) -> tuple[c.Side, c.Side]:
+    """Watch the canary and the old instances over the same window of traffic: until
+    `seconds` have passed or the canary has answered `requests` (0: no such limit)."""
+    before = _metrics(fleet)
+    started = time.monotonic()
+    with v.LoadLoop(fleet.balancers[:1], fleet.model, fleet.api_key, workers=load, pause=0.2):
+        while time.monotonic() - started < seconds:
+            time.sleep(1)
+            if requests and (_metrics(fleet)[node.host] - before[node.host]).requests >= requests:
+                break
+    after = _metrics(fleet)
+    delta = {h: after[h] - before[h] for h in after}
+    old = [delta[h] for h in delta if h != node.host]
+    total = old[0]
+    for d in old[1:]:
+        total = total + d
+    return delta[node.host].side(), total.side()
+
+
+def _canary(
+    inventory: Path,
+    extra_vars: dict,
+    limits: c.Thresholds,
+    golden: list[c.Golden],
+    share: float,
+    seconds: float,
+    requests: int,
+    load: int,
+) -> None:
+    try:
+        fleet = fleet_mod.load(inventory)
+    except Exception as err:  # noqa: BLE001 (one line for a person, not a traceback)
+        fail(f"cannot read the inventory: {err}")
+    if len(fleet.serving) < 2:
+        fail("--canary needs two instances or more: one to try the release, one to compare with")
+    if not fleet.balancers:
+        fail("--canary needs a `loadbalancers` host to give the canary its share of requests")
+    node, reference = fleet.serving[0], fleet.serving[1]
+    console.print(f"[bold]canary: instance {node.instance} ({node.host}) first[/]")
+    first = run_playbook(
+        "rollout canary",
+        "rolling_update.yml",
+        inventory,
+        extra_vars=extra_vars,
+        limit=node.host,
+        console=console,
+    )
+    if first.rc != 0:
+        print_summary(first)
+        raise typer.Exit(first.rc)
+    weight = c.weight_for_share(share, len(fleet.serving) - 1, fleet.weight)
+    weights = run_playbook(
+        "canary weight",
+        "weights.yml",
+        inventory,
+        extra_vars={"rollout_weights": {node.instance: weight}},
+        console=console,
+    )
+    try:
+        if weights.rc != 0:
+            raise RuntimeError(f"HAProxy refused weight {weight}: {'; '.join(weights.failures)}")
+        effective = weight / (weight + fleet.weight * (len(fleet.serving) - 1))
+        console.print(
+            f"canary weight {weight} (about {effective:.0%} of HAProxy's requests); watching "
+            f"for {seconds:g} s" + (f" or {requests} canary requests" if requests else "")
+        )
+        mine, theirs = _canary_window(fleet, node, seconds, requests, load)
+        answers = [
+            (
+                g,
+                v.complete(node.base, fleet.model, fleet.engine_key, g.prompt).text,
+                v.complete(reference.base, fleet.model, fleet.engine_key, g.prompt).text,
+            )
+            for g in golden
+        ]
+        rows = c.judge(mine, theirs, answers, limits)
+    except Exception as err:  # noqa: BLE001 (no verdict is a failed canary: roll it back)
+        rows = [c.Row("comparison", "", "", "a verdict", False)]
+        console.print(f"[red]no verdict on the canary: {err}[/]")
+    finally:
+        # Its configured weight again, whatever happened above.
+        restored = run_playbook(
+            "canary weight",
+            "weights.yml",
+            inventory,
+            extra_vars={"rollout_weights": {node.instance: "100%"}},
+            console=console,
+        )
+        if restored.rc != 0:
+            console.print(
+                f"[red]could not set {node.instance}'s weight back: run `ansible-playbook -i "
+                f'{inventory} playbooks/weights.yml -e \'{{"rollout_weights": '
+                f'{{"{node.instance}": "100%"}}}}\'` or reload HAProxy[/]'
+            )
+    table = Table(title=f"canary {node.instance} against the old release")
+    for col in ("check", "canary", "old", "limit", "result"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r.check, r.canary, r.old, r.limit, "[green]pass[/]" if r.passed else "[red]FAIL[/]"
+        )
+    console.print(table)
+    add_to_record(
+        first.record,
+        "canary",
+        c.as_record(rows, limits, instance=node.instance, weight=weight, seconds=seconds),
+    )
+    if not all(r.passed for r in rows):
+        back = run_playbook(
+            "rollback canary", "rollback.yml", inventory, limit=node.host, console=console
+        )
+        print_summary(back)
+        if back.rc != 0:
+            fail(f"the canary regressed and rolling it back failed: see {back.record}", back.rc)
+        fail(
+            f"the canary regressed ({', '.join(r.check for r in rows if not r.passed)}): "
+            f"instance {node.instance} was rolled back, no other instance was touched; "
+            f"the comparison is in {first.record}",
+            CANARY_REGRESSED,
+        )
+    console.print("[green]the canary passed: rolling the other instances[/]")
+    rest = run_playbook(
+        "rollout",
+        "rolling_update.yml",
+        inventory,
+        extra_vars=extra_vars,
+        limit=f"all:!{node.host}",
+        console=console,
+    )
+    print_summary(rest)
+    if rest.rc != 0:
+        raise typer.Exit(rest.rc)
+
+
+@changes_the_fleet("rollout")
+def rollout(
+    version: str | None = typer.Option(
+        None, "--version", help="Model version to roll out (default: the inventory's)."
+    ),
+    inventory: Path | None = INVENTORY,
+    serial: int = SERIAL,
+    max_fail_percentage: int = MAX_FAIL_PERCENTAGE,
+    extra: list[str] = EXTRA,
+    canary: bool = typer.Option(
+        False, "--canary", help="Switch one instance first and compare it with the old release."
+    ),
+    canary_share: float = typer.Option(
+        10.0, help="Percent of HAProxy's requests the canary gets while it is compared."
+    ),
+    canary_seconds: float = typer.Option(60.0, help="How long the comparison watches."),
+    canary_requests: int = typer.Option(
+        0, help="End the comparison once the canary answered this many requests (0: no limit)."
+    ),
+    canary_load: int = typer.Option(
+        0,
+        help="Requests in flight the CLI adds through the load balancer while it watches "
+        "(0: judge on live traffic alone).",
+    ),
+    golden: Path | None = typer.Option(
+        None,
+        help="YAML/JSON list of golden prompts or {prompt, expect} (default: three built in).",
+    ),
+    golden_may_change: bool = typer.Option(
+        False,
+        "--golden-may-change",
+        help="A new model version: golden answers may differ from the old release's.",
+    ),
+    max_error_rate_increase: float = typer.Option(
+        1.0, help="Percentage points of 5xx the canary may add over the old release."
+    ),
+    max_latency_ratio: float = typer.Option(
+        1.5, help="The canary's p50 and p95 may be at most this many times the old ones."
+    ),
+    min_requests: int = typer.Option(5, help="Requests the canary must serve for a verdict."),
+) -> None:
+    """Roll a model version, engine version or engine settings out, instance by instance:
+    pre-fetch everywhere, then drain, switch, wait until ready, re-enable. A failed
+    instance goes back to what it ran and the run stops."""
+    extra_vars = parse_extra_vars(extra) | _batch_vars(serial, max_fail_percentage)
+    if version is not None:
+        extra_vars["inferfleet_model_version"] = version
+    path = resolve_inventory(inventory)
+    if canary:
+        if not 0 < canary_share < 100:
+            fail(f"--canary-share {canary_share:g}: give a percentage above 0 and below 100")
+        if canary_seconds <= 0 or canary_requests < 0 or canary_load < 0 or min_requests < 0:
+            fail(
+                "--canary-seconds must be above 0; --canary-requests, --canary-load and "
+                "--min-requests 0 or more"
+            )
+        if max_latency_ratio < 1 or max_error_rate_increase < 0:
+            fail("--max-latency-ratio must be 1 or more, --max-error-rate-increase 0 or more")
+        try:
+            prompts = c.load_golden(golden)
+        except ValueError as err:
+            fail(str(err))
+        limits = c.Thresholds(
+            max_error_rate_increase=max_error_rate_increase / 100,
+            max_latency_ratio=max_latency_ratio,
+            min_requests=min_requests,
+            golden_may_change=golden_may_change,
+        )
+        _canary(
+            path,
+            extra_vars,
+            limits,
+            prompts,
+            canary_share / 100,
+            canary_seconds,
+            canary_requests,
+            canary_load,
+        )
+        _served_everywhere(version)
+        raise typer.Exit(0)
+    result = run_playbook(
+        "rollout",
+        "rolling_update.yml",
+        path,
+        extra_vars=extra_vars,
+        console=console,
+    )
+    print_summary(result)
+    if result.rc == 0:
+        _served_everywhere(version)
+    raise typer.Exit(result.rc)
+
+
+@changes_the_fleet("rollback")
+def rollback(
+    inventory: Path | None = INVENTORY,
+    serial: int = SERIAL,
+    max_fail_percentage: int = MAX_FAIL_PERCENTAGE,
+    extra: list[str] = EXTRA,
+) -> None:
+    """Go back to what each instance ran before the last rollout (model version and engine
+    settings, still on the nodes: no download), instance by instance."""
+    result = run_playbook(
+        "rollback",
+        "rollback.yml",
+        resolve_inventory(inventory),
+        extra_vars=parse_extra_vars(extra) | _batch_vars(serial, max_fail_percentage),
+        console=console,
+    )
+    print_summary(result)
+    if result.rc == 0:
+        console.print(
+            "rolled back: set inferfleet_model_version (and any engine setting you changed) "
+            "back in the inventory, or the next deploy rolls forward again"
+        )
+    raise typer.Exit(result.rc)

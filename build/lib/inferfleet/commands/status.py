@@ -1,0 +1,246 @@
+"""`inferfleet status`: per instance and node, what the fleet reports right now."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from inferfleet import fleet as fleet_mod
+from inferfleet import utilization as u
+from inferfleet import verify as v
+from inferfleet.commands.common import console, fail, resolve_inventory
+from inferfleet.runner import run_playbook
+from inferfleet.verify import metric_sums
+
+
+def reports(events: list[dict], task: str = "Report") -> dict[str, dict]:
+    """Each host's message from the task named `task`, from the run's events."""
+    out = {}
+    for event in events:
+        data = event.get("event_data", {})
+        if event.get("event") == "runner_on_ok" and data.get("task") == task:
+            out[data["host"]] = data["res"]["msg"]
+    return out
+
+
+def lb_view(balancers: dict[str, dict], instance: str) -> str:
+    """`lb: STATE` for every load balancer: HAProxy's server state, or what Nginx cannot tell."""
+    views = []
+    for lb, msg in sorted(balancers.items()):
+        if msg.get("kind") == "nginx":
+            views.append(f"{lb}: passive")
+        else:
+            views.append(f"{lb}: {(msg.get('backends') or {}).get(instance, 'unknown')}")
+    return ", ".join(views)
+
+
+PROMETHEUS_FIGURES = ("requests_per_s", "ttft_p95_s", "kv_cache_use")
+
+
+def prometheus_view(host: str, msg: dict) -> dict:
+    """Per-instance figures and the firing alerts from the "Report Prometheus" message
+    (Prometheus' instant-query results: [{"metric": {...}, "value": [time, "text"]}])."""
+    answers = msg.get("answers") or {}
+    instances: dict[str, dict] = {}
+    for name in PROMETHEUS_FIGURES:
+        for sample in answers.get(name) or []:
+            value = float(sample["value"][1])
+            if math.isnan(value):  # a percentile over no requests
+                continue
+            instance = sample["metric"].get("inferfleet_instance", "")
+            instances.setdefault(instance, {})[name] = value
+    alerts = sorted(
+        (
+            {
+                "alert": s["metric"].get("alertname", ""),
+                "severity": s["metric"].get("severity", ""),
+                "instance": s["metric"].get("instance", ""),
+                "server": s["metric"].get("server", ""),
+            }
+            for s in answers.get("alerts") or []
+        ),
+        key=lambda a: (a["alert"], a["instance"], a["server"]),
+    )
+    return {
+        "host": host,
+        "instances": instances,
+        "alerts": alerts,
+        "errors": msg.get("errors") or {},
+    }
+
+
+def utilization(inventory: Path, seconds: float, as_json: bool) -> None:
+    """Sample every serving engine's /metrics over `seconds` and judge the fleet's size."""
+    if seconds < 2:
+        fail(f"--window {seconds:g}: measure over 2 seconds or more")
+    try:
+        fleet = fleet_mod.load(inventory)
+    except Exception as err:  # noqa: BLE001 (one line for a person, not a traceback)
+        fail(f"cannot read the inventory: {err}")
+    nodes = {n.instance: n for n in fleet.serving}
+
+    def read(instance: str) -> str:
+        code, text = v.get(f"{nodes[instance].base}/metrics", fleet.engine_key)
+        if code != 200:
+            raise RuntimeError(f"{nodes[instance].host}'s /metrics answered {code or text}")
+        return text
+
+    if not as_json:
+        console.print(f"measuring {len(nodes)} instance(s) for {seconds:g} s ...")
+    try:
+        usages, peak, measured = u.measure(read, list(nodes), seconds)
+    except RuntimeError as err:
+        fail(f"{err}: is the engine up? (`inferfleet status`)")
+    out = u.report(usages, peak, measured, fleet.max_num_seqs)
+    if as_json:
+        print(json.dumps(out, indent=2))
+        return
+    table = Table(title=f"utilization over {out['seconds']:g} s")
+    for col in (
+        "instance",
+        "requests",
+        "in flight (avg)",
+        "peak running",
+        "peak waiting",
+        "peak KV",
+    ):
+        table.add_column(col)
+    for x in usages:
+        table.add_row(
+            x.instance,
+            f"{x.requests:.0f}",
+            f"{x.in_flight:.2f}",
+            f"{x.peak_running:.0f}",
+            f"{x.peak_waiting:.0f}",
+            f"{x.peak_kv:.0%}",
+        )
+    console.print(table)
+    console.print(f"fleet peak in flight {peak:.0f} (max_num_seqs {fleet.max_num_seqs} per engine)")
+    console.print(out["advice"])
+
+
+def alert_line(alert: dict) -> str:
+    """`InferfleetEngineDown (critical) node2`: the alert, its severity, where."""
+    where = " ".join(x for x in (alert["instance"], alert["server"]) if x)
+    return f"{alert['alert']} ({alert['severity']}) {where}".rstrip()
+
+
+def _figure(value: float | None, form: str) -> str:
+    return "-" if value is None else form.format(value)
+
+
+def status(
+    inventory: Path | None = typer.Option(None, "-i", "--inventory", help="Inventory path."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    use: bool = typer.Option(
+        False, "--utilization", help="Measure how busy each instance is and judge the fleet's size."
+    ),
+    window: float = typer.Option(60.0, "--window", help="Seconds --utilization measures."),
+) -> None:
+    """Engine state, model version and digest, load, and each LB's view, per node."""
+    if use:
+        utilization(resolve_inventory(inventory), window, as_json)
+        return
+    quiet = Console(quiet=True)
+    result = run_playbook(
+        "status", "status.yml", resolve_inventory(inventory), console=quiet, keep_events=True
+    )
+    nodes = reports(result.events)
+    balancers = reports(result.events, "Report backends")
+    prometheus = [
+        prometheus_view(h, m) for h, m in reports(result.events, "Report Prometheus").items()
+    ]
+    prom = prometheus[0] if prometheus else None
+    rows = []
+    for host, msg in sorted(
+        nodes.items(), key=lambda kv: (kv[1]["instance"]["instance"], kv[1]["instance"]["rank"])
+    ):
+        m = metric_sums(msg.get("metrics") or [])
+        rows.append(
+            {
+                "instance": msg["instance"]["instance"],
+                "rank": msg["instance"]["rank"],
+                "host": host,
+                "unit": msg["unit"],
+                "healthy": bool(msg["healthy"]),
+                "model_version": msg["model_version"],
+                "manifest_digest": msg["manifest_digest"],
+                "engine_version": msg["engine_version"],
+                "running": m.get("vllm:num_requests_running", 0.0),
+                "waiting": m.get("vllm:num_requests_waiting", 0.0),
+                "served": m.get("vllm:request_success_total", 0.0),
+                # Only rank 0 of an instance is a backend.
+                "lb": lb_view(balancers, msg["instance"]["instance"])
+                if msg["instance"]["rank"] == 0
+                else "",
+            }
+        )
+        if prom is not None:
+            figures = (
+                prom["instances"].get(msg["instance"]["instance"], {})
+                if msg["instance"]["rank"] == 0
+                else {}
+            )
+            rows[-1].update({name: figures.get(name) for name in PROMETHEUS_FIGURES})
+    if as_json:
+        print(
+            json.dumps({"nodes": rows, "prometheus": prom, "failures": result.failures}, indent=2)
+        )
+    else:
+        table = Table(title="inferfleet status")
+        for col in (
+            "instance",
+            "rank",
+            "host",
+            "engine",
+            "ready",
+            "model",
+            "digest",
+            "vLLM",
+            "running",
+            "waiting",
+            "served",
+            "load balancer",
+        ) + (("req/s 5m", "TTFT p95", "KV") if prom else ()):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(
+                r["instance"],
+                str(r["rank"]),
+                r["host"],
+                r["unit"],
+                "[green]yes[/]" if r["healthy"] else "[red]no[/]",
+                r["model_version"],
+                r["manifest_digest"][:19],
+                r["engine_version"],
+                f"{r['running']:.0f}",
+                f"{r['waiting']:.0f}",
+                f"{r['served']:.0f}",
+                r["lb"],
+                *(
+                    (
+                        _figure(r["requests_per_s"], "{:.2f}"),
+                        _figure(r["ttft_p95_s"], "{:.3f} s"),
+                        _figure(r["kv_cache_use"], "{:.0%}"),
+                    )
+                    if prom
+                    else ()
+                ),
+            )
+        console.print(table)
+        if prom:
+            for name, error in prom["errors"].items():
+                console.print(f"[yellow]Prometheus on {prom['host']}: {name}: {error}[/]")
+            firing = [alert_line(a) for a in prom["alerts"]]
+            console.print(
+                f"alerts firing (Prometheus on {prom['host']}): "
+                + ("; ".join(firing) if firing else "none")
+            )
+        for failure in result.failures:
+            console.print(f"[red]{failure}[/]")
+    raise typer.Exit(result.rc)

@@ -1,0 +1,106 @@
+"""The fleet as the CLI sees it: the inventory's hosts, instances and endpoints, with
+variables templated by Ansible itself (so group_vars, host_vars and references between
+variables resolve exactly as in a playbook run)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import instances
+
+
+@dataclass
+class Node:
+    host: str
+    address: str
+    port: int
+    instance: str
+    rank: int
+
+    @property
+    def base(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+
+@dataclass
+class Fleet:
+    model: str
+    engine_key: str
+    api_key: str
+    nodes: list[Node]
+    balancers: list[str]  # base URLs of the public listeners
+    admin: list[str]  # base URLs of the load balancers' admin listeners
+    balance: str = "leastconn"  # the load balancers' algorithm (load_balancer_balance)
+    weight: int = 100  # each backend's configured weight (load_balancer_backend_weight)
+    slowstart: float = 60.0  # seconds a returning backend ramps up (load_balancer_slowstart)
+    max_num_seqs: int = 256  # requests an engine runs at once (vLLM's default when unset)
+
+    @property
+    def serving(self) -> list[Node]:
+        return [n for n in self.nodes if n.rank == 0]
+
+
+def duration(value) -> float:
+    """Seconds from an HAProxy time ("10s", "500ms", "2m", or a bare number of ms)."""
+    text = str(value).strip()
+    for unit, scale in (("ms", 0.001), ("us", 1e-6), ("s", 1), ("m", 60), ("h", 3600)):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * scale
+    return float(text) / 1000
+
+
+def load(inventory: Path) -> Fleet:
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from ansible.vars.manager import VariableManager
+
+    loader = DataLoader()
+    inv = InventoryManager(loader=loader, sources=[str(inventory)])
+    varman = VariableManager(loader=loader, inventory=inv)
+
+    def hostvars(host: str) -> dict:
+        raw = varman.get_vars(host=inv.get_host(host))
+        return Templar(loader=loader, variables=raw).template(raw)
+
+    engine_hosts = inv.get_groups_dict().get("inference", [])
+    hv = {h: hostvars(h) for h in engine_hosts}
+    groups = instances(engine_hosts, hv)
+    nodes = []
+    for name, members in groups.items():
+        for rank, host in enumerate(members):
+            v = hv[host]
+            nodes.append(
+                Node(
+                    host,
+                    str(v.get("inferfleet_address") or v.get("ansible_host") or host),
+                    int(v.get("inference_engine_port", 8000)),
+                    name,
+                    rank,
+                )
+            )
+    balancers, admin = [], []
+    lb_vars: dict = {}
+    for host in inv.get_groups_dict().get("loadbalancers", []):
+        lb_vars = hostvars(host)
+        address = lb_vars.get("inferfleet_address") or lb_vars.get("ansible_host") or host
+        balancers.append(f"http://{address}:{lb_vars.get('load_balancer_port', 80)}")
+        admin.append(f"http://{address}:{lb_vars.get('load_balancer_admin_port', 8404)}")
+    first = hv[engine_hosts[0]] if engine_hosts else {}
+    keys = lb_vars.get("load_balancer_api_keys") or []
+    return Fleet(
+        model=str(
+            first.get("inference_engine_served_model_name")
+            or first.get("inferfleet_model_name", "")
+        ),
+        engine_key=str(first.get("inference_engine_api_key") or ""),
+        api_key=str(keys[0]["key"]) if keys else "",
+        nodes=nodes,
+        balancers=balancers,
+        admin=admin,
+        balance=str(lb_vars.get("load_balancer_balance", "leastconn")),
+        weight=int(lb_vars.get("load_balancer_backend_weight", 100)),
+        slowstart=duration(lb_vars.get("load_balancer_slowstart", "60s")),
+        max_num_seqs=int(first.get("inference_engine_max_num_seqs") or 256),
+    )

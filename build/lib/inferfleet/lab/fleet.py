@@ -1,0 +1,118 @@
+"""The lab's hosts: systemd containers on the lab network, named as in inventories/lab.
+
+`create` starts what is missing (and reuses what runs), `addresses` reads their
+addresses back, and `write_state` writes the generated parts of the inventory:
+host_vars/ with each host's address, group_vars/all/secrets.yml (mode 0600) with keys.
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from inferfleet.lab.services import LABEL, S3_ACCESS_KEY, S3_SECRET_KEY
+
+SYSTEMD_FLAGS = [
+    "--cap-add",
+    "SYS_ADMIN",
+    "--tmpfs",
+    "/run",
+    "--tmpfs",
+    "/run/lock",
+    "--tmpfs",
+    "/tmp",
+    "-v",
+    "/sys/fs/cgroup:/sys/fs/cgroup:ro",
+]
+WHEELHOUSE_MOUNT = "/opt/inferfleet/wheelhouse"
+
+
+def inventory_hosts(inventory: Path) -> dict[str, list[str]]:
+    data = yaml.safe_load((inventory / "hosts.yml").read_text())
+    children = data["all"]["children"]
+    return {group: list((spec or {}).get("hosts") or {}) for group, spec in children.items()}
+
+
+def create(lab: str, network: str, image: str, hosts: list[str], wheelhouse: Path) -> None:
+    for host in hosts:
+        if (
+            subprocess.run(["docker", "container", "inspect", host], capture_output=True).returncode
+            == 0
+        ):
+            subprocess.run(["docker", "start", host], check=True, capture_output=True)
+            continue
+        subprocess.run(
+            [
+                "docker",
+                "run",
+                "-d",
+                "--name",
+                host,
+                "--hostname",
+                host,
+                "--network",
+                network,
+                "--label",
+                f"{LABEL}={lab}",
+                *SYSTEMD_FLAGS,
+                "--shm-size",
+                "1g",
+                "-v",
+                f"{wheelhouse}:{WHEELHOUSE_MOUNT}:ro",
+                image,
+                "/sbin/init",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+
+
+def address(host: str, network: str) -> str:
+    fmt = f'{{{{(index .NetworkSettings.Networks "{network}").IPAddress}}}}'
+    return subprocess.run(
+        ["docker", "inspect", "-f", fmt, host], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def write_state(inventory: Path, addresses: dict[str, str]) -> dict:
+    """Write host_vars and (once) the secrets file; return the secrets."""
+    host_vars = inventory / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    for host, addr in addresses.items():
+        (host_vars / f"{host}.yml").write_text(
+            "---\n# written by `inferfleet lab up`\n" + yaml.safe_dump({"inferfleet_address": addr})
+        )
+    secrets_file = inventory / "group_vars" / "all" / "secrets.yml"
+    if secrets_file.exists():
+        return yaml.safe_load(secrets_file.read_text())
+    values = {
+        "inferfleet_lab_api_key": "sk-lab-" + secrets.token_urlsafe(24),
+        "inferfleet_lab_engine_key": "sk-engine-" + secrets.token_urlsafe(24),
+        "inferfleet_lab_s3_access_key": S3_ACCESS_KEY,
+        "inferfleet_lab_s3_secret_key": S3_SECRET_KEY,
+    }
+    secrets_file.touch(mode=0o600)
+    secrets_file.write_text(
+        "---\n# written by `inferfleet lab up`; never commit\n" + yaml.safe_dump(values)
+    )
+    return values
+
+
+def remove_state(inventory: Path) -> None:
+    for path in (inventory / "host_vars").glob("*.yml"):
+        path.unlink()
+    (inventory / "group_vars" / "all" / "secrets.yml").unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    # `python -m inferfleet.lab.fleet address HOST NETWORK`: a container's address on a
+    # network, for inventories whose host names resolve only inside that network.
+    import sys
+
+    if sys.argv[1:2] != ["address"] or len(sys.argv) != 4:
+        sys.exit("usage: python -m inferfleet.lab.fleet address HOST NETWORK")
+    print(address(sys.argv[2], sys.argv[3]))

@@ -1,0 +1,143 @@
+"""A plan for people: a table and one memory bar per GPU, with rich."""
+
+from __future__ import annotations
+
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.memory import GiB
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.plan import Layout, Plan
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+BAR_WIDTH = 48
+_SEGMENTS = (
+    ("weights", "█", "bold blue"),
+    ("KV cache", "█", "green"),
+    ("overhead", "█", "yellow"),
+    ("free", "░", "dim"),
+)
+_OVER = ("over capacity", "▓", "bold red")
+_DECISION = {
+    "replicated": ("replicated", "bold green"),
+    "pipeline": ("pipeline", "bold cyan"),
+    "does_not_fit": ("does not fit", "bold red"),
+}
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:,.1f} GiB"
+
+
+def bar(parts: list[int], total: int, width: int = BAR_WIDTH) -> Text:
+    """A bar of ``width`` cells split in proportion to ``parts`` (weights, KV,
+    overhead, free). When the parts exceed ``total`` the bar is scaled to the
+    demand and the cells past ``total`` are drawn as red ``▓``."""
+    demand = sum(parts)
+    scale = max(total, demand) or 1
+    cells: list[tuple[str, str]] = []
+    edge = 0.0
+    for part, (_, char, style) in zip(parts, _SEGMENTS, strict=False):
+        start = round(edge / scale * width)
+        edge += part
+        cells.extend((char, style) for _ in range(round(edge / scale * width) - start))
+    cells.extend(("░", "dim") for _ in range(width - len(cells)))
+    if demand > total:
+        limit = round(total / scale * width)
+        cells[limit:] = [("▓", "bold red")] * (width - limit)
+    text = Text()
+    for char, style in cells:
+        text.append(char, style=style)
+    return text
+
+
+def legend() -> Text:
+    text = Text()
+    for name, char, style in (*_SEGMENTS, _OVER):
+        text.append(char * 2, style=style)
+        text.append(f" {name}  ")
+    return text
+
+
+def gpu_bars(plan: Plan) -> Table:
+    """One row per GPU of one instance: node (pipeline stage), GPU, bar, figures."""
+    layout = plan.layout
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    table.add_column("node", no_wrap=True)
+    table.add_column("GPU", justify="right", no_wrap=True)
+    table.add_column("memory (one instance)", no_wrap=True, min_width=BAR_WIDTH)
+    table.add_column("weights / KV / overhead / free", justify="right")
+    if layout is None:
+        return table
+    for stage, weights in enumerate(layout.stage_weights or (layout.weights_bytes,)):
+        kv = layout.stage_kv_cache[stage] if layout.stage_kv_cache else layout.kv_cache_bytes
+        if plan.fits:
+            parts = _parts(layout, weights, kv)
+        else:  # show what it would need: the KV for the target, and the excess
+            parts = [weights, layout.kv_needed_bytes, layout.overhead.total, 0]
+        figures = " / ".join(_gib(p) for p in parts)
+        if not plan.fits:
+            figures = f"needs {_gib(sum(parts))} of {_gib(layout.total_bytes)}: " + figures
+        for gpu in range(layout.tp):
+            table.add_row(str(stage + 1) if gpu == 0 else "", str(gpu),
+                          bar(parts, layout.total_bytes), figures if gpu == 0 else "")
+    return table
+
+
+def _parts(layout: Layout, weights: int, kv: int) -> list[int]:
+    free = max(0, layout.total_bytes - weights - kv - layout.overhead.total)
+    return [weights, kv, layout.overhead.total, free]
+
+
+def summary_table(plan: Plan) -> Table:
+    data = plan.to_dict()
+    model, weights, kv = data["model"], data["weights"], data["kv_cache"]
+    table = Table(title=f"inferfleet plan: {plan.location}", show_header=False,
+                  title_justify="left", title_style="bold")
+    table.add_column(style="bold")
+    table.add_column()
+    attention = "MLA (one latent head)" if model["attention"] == "mla" else (
+        f"{model['kv_heads']} KV heads x {model['head_dim']}")
+    if model["sliding_window_layers"]:
+        attention += f", {model['sliding_window_layers']} sliding-window layers"
+    experts = f", {model['experts']} experts" if model["experts"] else ""
+    table.add_row("model", f"{model['model_type']}: {model['layers']} layers, "
+                           f"{attention}{experts}")
+    table.add_row("weights", f"{weights['gib']:,} GiB ({weights['parameters'] / 1e9:.2f} B "
+                             f"params, {weights['dtype']}, {weights['quantization']}; "
+                             f"{weights['source']})")
+    table.add_row("KV cache / token", f"{kv['bytes_per_token']:,} bytes ({kv['dtype']}, "
+                                      "all layers, one GPU)")
+    hw = plan.hardware
+    table.add_row("fleet", f"{hw.nodes} node(s) x {hw.gpus_per_node} GPU(s) x "
+                           f"{hw.gpu_memory_gib:g} GiB")
+    table.add_row("target", f"context {plan.context:,} x {plan.concurrency} sequence(s); "
+                            f"gpu_memory_utilization {plan.targets.gpu_memory_utilization}")
+    label, style = _DECISION[plan.decision]
+    decision = Text(label, style=style)
+    layout = plan.layout
+    if plan.fits and layout is not None:
+        decision.append(f": TP {layout.tp} x PP {layout.pp}, {plan.instances} instance(s) "
+                        f"of {plan.nodes_per_instance} node(s)")
+        if plan.smallest_tp is not None:
+            decision.append(f"; smallest TP that fits: {plan.smallest_tp}")
+    elif layout is not None:
+        decision.append(f": short by {plan.shortfall_bytes / GiB:,.1f} GiB per GPU at "
+                        f"TP {layout.tp} x PP {layout.pp}")
+    table.add_row("decision", decision)
+    if layout is not None and plan.fits:
+        cap = layout.capacity
+        table.add_row("KV capacity", f"{cap.tokens:,} tokens per instance; "
+                                     f"{cap.max_concurrency:,.2f} sequences at "
+                                     f"{plan.context:,} tokens")
+        table.add_row("fleet serves", f"{int(cap.max_concurrency) * plan.instances:,} "
+                                      f"full-context sequences at once")
+    for note in plan.notes:
+        table.add_row("note", note)
+    for suggestion in plan.suggestions:
+        table.add_row("to fit", suggestion)
+    return table
+
+
+def render(plan: Plan, console: Console | None = None) -> None:
+    """Print the table, the bars and the legend."""
+    console = console or Console()
+    console.print(Group(summary_table(plan), Text(""), gpu_bars(plan), legend()))
