@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -134,15 +135,105 @@ def _figure(value: float | None, form: str) -> str:
     return "-" if value is None else form.format(value)
 
 
+def instance_rows(rows: list[dict], prometheus: bool) -> list[tuple[str, ...]]:
+    """One line per instance for an 80-column terminal: its members ready, the model
+    version ("mixed" where members differ), vLLM, requests running/queued and served (of
+    rank 0), each load balancer's state of it, and Prometheus' rate when there is one."""
+    by_instance: dict[str, list[dict]] = {}
+    for r in rows:
+        by_instance.setdefault(r["instance"], []).append(r)
+    out = []
+    for instance, members in by_instance.items():
+        rank0 = next((m for m in members if m["rank"] == 0), members[0])
+        versions = {m["model_version"] for m in members}
+        engines = {m["engine_version"] for m in members}
+        ready = sum(m["healthy"] for m in members)
+        line = [
+            instance,
+            f"[{'green' if ready == len(members) else 'red'}]{ready}/{len(members)}[/]",
+            versions.pop() if len(versions) == 1 else "mixed",
+            engines.pop() if len(engines) == 1 else "mixed",
+            f"{rank0['running']:.0f}/{rank0['waiting']:.0f}",
+            f"{rank0['served']:.0f}",
+            " ".join(state.rsplit(": ", 1)[-1] for state in rank0["lb"].split(", ")),
+        ]
+        if prometheus:
+            line.append(_figure(rank0.get("requests_per_s"), "{:.2f}"))
+        out.append(tuple(line))
+    return out
+
+
+def status_table(rows: list[dict], prometheus: bool, wide: bool) -> Table:
+    """The instance view (default) or every node with every field (`wide`)."""
+    if not wide:
+        lines = instance_rows(rows, prometheus)
+        engines = {line[3] for line in lines}
+        one_engine = engines.pop() if len(engines) == 1 else None
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False,
+                      caption=f"vLLM {one_engine} on every node" if one_engine else None)
+        table.add_column("INSTANCE", no_wrap=True)
+        for col in ("READY", "MODEL") + (() if one_engine else ("vLLM",)) + (
+            "RUN/Q", "SERVED", "LB"
+        ) + (("REQ/S",) if prometheus else ()):
+            table.add_column(col)
+        for line in lines:
+            table.add_row(*(line[:3] + line[4:] if one_engine else line))
+        return table
+    table = Table(title="inferfleet status")
+    for col in (
+        "instance",
+        "rank",
+        "host",
+        "engine",
+        "ready",
+        "model",
+        "digest",
+        "vLLM",
+        "running",
+        "waiting",
+        "served",
+        "load balancer",
+    ) + (("req/s 5m", "TTFT p95", "KV") if prometheus else ()):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["instance"],
+            str(r["rank"]),
+            r["host"],
+            r["unit"],
+            "[green]yes[/]" if r["healthy"] else "[red]no[/]",
+            r["model_version"],
+            r["manifest_digest"][:19],
+            r["engine_version"],
+            f"{r['running']:.0f}",
+            f"{r['waiting']:.0f}",
+            f"{r['served']:.0f}",
+            r["lb"],
+            *(
+                (
+                    _figure(r["requests_per_s"], "{:.2f}"),
+                    _figure(r["ttft_p95_s"], "{:.3f} s"),
+                    _figure(r["kv_cache_use"], "{:.0%}"),
+                )
+                if prometheus
+                else ()
+            ),
+        )
+    return table
+
+
 def status(
     inventory: Path | None = typer.Option(None, "-i", "--inventory", help="Inventory path."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    wide: bool = typer.Option(
+        False, "--wide", help="Every node with every field (host, unit, digest, TTFT, KV)."
+    ),
     use: bool = typer.Option(
         False, "--utilization", help="Measure how busy each instance is and judge the fleet's size."
     ),
     window: float = typer.Option(60.0, "--window", help="Seconds --utilization measures."),
 ) -> None:
-    """Engine state, model version and digest, load, and each LB's view, per node."""
+    """Per instance: members ready, model, vLLM, load and each LB's view (--wide: per node)."""
     if use:
         utilization(resolve_inventory(inventory), window, as_json)
         return
@@ -192,47 +283,7 @@ def status(
             json.dumps({"nodes": rows, "prometheus": prom, "failures": result.failures}, indent=2)
         )
     else:
-        table = Table(title="inferfleet status")
-        for col in (
-            "instance",
-            "rank",
-            "host",
-            "engine",
-            "ready",
-            "model",
-            "digest",
-            "vLLM",
-            "running",
-            "waiting",
-            "served",
-            "load balancer",
-        ) + (("req/s 5m", "TTFT p95", "KV") if prom else ()):
-            table.add_column(col)
-        for r in rows:
-            table.add_row(
-                r["instance"],
-                str(r["rank"]),
-                r["host"],
-                r["unit"],
-                "[green]yes[/]" if r["healthy"] else "[red]no[/]",
-                r["model_version"],
-                r["manifest_digest"][:19],
-                r["engine_version"],
-                f"{r['running']:.0f}",
-                f"{r['waiting']:.0f}",
-                f"{r['served']:.0f}",
-                r["lb"],
-                *(
-                    (
-                        _figure(r["requests_per_s"], "{:.2f}"),
-                        _figure(r["ttft_p95_s"], "{:.3f} s"),
-                        _figure(r["kv_cache_use"], "{:.0%}"),
-                    )
-                    if prom
-                    else ()
-                ),
-            )
-        console.print(table)
+        console.print(status_table(rows, prom is not None, wide))
         if prom:
             for name, error in prom["errors"].items():
                 console.print(f"[yellow]Prometheus on {prom['host']}: {name}: {error}[/]")
