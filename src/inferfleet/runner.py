@@ -2,7 +2,8 @@
 record of the run, and an exit code that means something.
 
 Exit codes: 0 success, 2 a host failed, 3 a host was unreachable, 4 the preflight refused
-the inventory, 5 a canary regressed (and was rolled back), 130 cancelled (Ctrl-C).
+the inventory (a preflight stage left open, see `refused`), 5 a canary regressed (and was
+rolled back), 130 cancelled (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -92,8 +93,9 @@ class Progress:
 
     console: Console
     hosts: dict[str, dict[str, int]] = field(default_factory=dict)
-    preflight_failed: bool = False
     failures: list[str] = field(default_factory=list)
+    # What the playbook handed the CLI with set_stats (the run's artifact data)
+    data: dict = field(default_factory=dict)
 
     def count(self, host: str, what: str) -> None:
         counters = self.hosts.setdefault(
@@ -104,7 +106,9 @@ class Progress:
     def __call__(self, event: dict) -> bool:
         kind, data = event.get("event", ""), event.get("event_data", {})
         host = data.get("host", "")
-        if kind == "playbook_on_play_start":
+        if kind == "playbook_on_stats":
+            self.data = data.get("artifact_data") or {}
+        elif kind == "playbook_on_play_start":
             self.console.print(f"[bold]PLAY[/] {data.get('name', '')}")
         elif kind == "playbook_on_task_start":
             self.console.print(f"  [dim]TASK[/] {data.get('task', '')}")
@@ -125,8 +129,6 @@ class Progress:
             msg = str(data.get("res", {}).get("msg", "")).strip()
             self.failures.append(f"{host}: {data.get('task', '')}: {msg}")
             self.console.print(f"    [red]{what}[/] {host}: {msg}")
-            if "preflight" in data.get("play", "").lower():
-                self.preflight_failed = True
         return True
 
 
@@ -151,10 +153,24 @@ def diff_lines(res: dict) -> list[str]:
     return lines
 
 
+def refused(data: dict) -> list[str]:
+    """`HOST: STAGE` for every preflight stage that a run left open. Each preflight (a
+    role's preflight tasks, scale.yml's checks) marks itself open, then passed, with
+    set_stats (inferfleet_preflight: {HOST: {STAGE: open|passed}}): one left open means
+    the run failed inside it, so the preflight refused."""
+    stages = data.get("inferfleet_preflight") or {}
+    return sorted(
+        f"{host}: {stage}"
+        for host, states in stages.items()
+        for stage, state in (states or {}).items()
+        if state == "open"
+    )
+
+
 def exit_code(status: str, stats: dict, progress: Progress, cancelled: bool) -> int:
     if cancelled:
         return CANCELLED
-    if progress.preflight_failed:
+    if status != "successful" and refused(progress.data):
         return PREFLIGHT_REFUSED
     if stats.get("dark"):
         return UNREACHABLE
@@ -185,7 +201,7 @@ class RunResult:
     stats: dict
     record: Path
     failures: list[str]
-    events: list[dict]
+    data: dict  # the playbook's set_stats data: the contract between playbooks and CLI
 
 
 def run_playbook(
@@ -199,7 +215,6 @@ def run_playbook(
     check: bool = False,
     diff: bool = False,
     console: Console | None = None,
-    keep_events: bool = False,
 ) -> RunResult:
     """Run `playbooks/<playbook>` against `inventory` and keep a record of it."""
     import ansible_runner
@@ -212,13 +227,7 @@ def run_playbook(
     os.chmod(RUNS_DIR, 0o700)
     cmdline = " ".join(x for x in ("--check" if check else "", "--diff" if diff else "") if x)
     progress = Progress(console)
-    events: list[dict] = []
     cancelled = False
-
-    def on_event(event: dict) -> bool:
-        if keep_events:
-            events.append(event)
-        return progress(event)
 
     def on_sigint(signum, frame) -> None:
         nonlocal cancelled
@@ -238,7 +247,7 @@ def run_playbook(
                 tags=tags,
                 cmdline=cmdline or None,
                 envvars=ANSIBLE_SETTINGS,
-                event_handler=on_event,
+                event_handler=progress,
                 cancel_callback=lambda: cancelled,
                 quiet=True,
             )
@@ -276,7 +285,7 @@ def run_playbook(
         + "\n"
     )
     os.chmod(record, 0o600)
-    return RunResult(rc, run.status, stats, record, progress.failures, events)
+    return RunResult(rc, run.status, stats, record, progress.failures, progress.data)
 
 
 def add_to_record(record: Path, key: str, value) -> None:

@@ -3,10 +3,12 @@ runs are real ansible-runner runs against local-connection hosts that the prefli
 refuses, so nothing is touched and the exit code, record and masking are observable."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from rich.console import Console
 from typer.testing import CliRunner
 
 from inferfleet import runner
@@ -106,8 +108,11 @@ def test_exit_codes():
     assert runner.exit_code("failed", {"failures": {"a": 1}}, progress, cancelled=False) == 2
     assert runner.exit_code("failed", {"dark": {"a": 1}}, progress, cancelled=False) == 3
     assert runner.exit_code("failed", {}, progress, cancelled=True) == 130
-    progress.preflight_failed = True
+    progress.data = {"inferfleet_preflight": {"a": {"model_sync": "passed"}}}
+    assert runner.exit_code("failed", {"failures": {"a": 1}}, progress, cancelled=False) == 2
+    progress.data = {"inferfleet_preflight": {"a": {"model_sync": "passed", "rollout": "open"}}}
     assert runner.exit_code("failed", {"failures": {"a": 1}}, progress, cancelled=False) == 4
+    assert runner.refused(progress.data) == ["a: rollout"]
 
 
 def test_only_allowed_environment_reaches_the_playbook(monkeypatch):
@@ -308,3 +313,45 @@ def test_haproxy_durations_read_as_seconds():
 
     assert duration("10s") == 10 and duration("500ms") == 0.5 and duration("2m") == 120
     assert duration(1500) == 1.5  # a bare number is milliseconds, as in HAProxy
+
+
+def test_playbooks_hand_the_cli_their_reports_as_set_stats_data(tmp_path, runs_dir):
+    """The contract between status.yml and `inferfleet status` is data (set_stats),
+    keyed by host, not the name of a task: a real run of the shipped playbook."""
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
+        "children": {"loadbalancers": {"hosts": {
+            "lb1": {"load_balancer_kind": "nginx"},
+            "lb2": {"load_balancer_kind": "nginx"},
+        }}},
+    }}))
+    result = runner.run_playbook("status", "status.yml", inv, console=Console(quiet=True))
+    assert result.rc == 0, result.failures
+    assert result.data == {"inferfleet_status_balancers": {
+        "lb1": {"kind": "nginx", "backends": {}},
+        "lb2": {"kind": "nginx", "backends": {}},
+    }}
+
+
+def test_every_preflight_marks_itself_open_then_passed():
+    """A refusal is told by data: each preflight task file opens its stage first and
+    closes it last, so a failure anywhere inside leaves it open (runner.refused)."""
+    root = Path(__file__).resolve().parents[2]
+    files = sorted(root.glob("roles/*/tasks/preflight*.yml")) + [
+        root / "roles/preflight/tasks/inventory.yml",
+        root / "roles/preflight/tasks/capacity.yml",
+        root / "roles/fabric_preflight/tasks/checks.yml",
+    ]
+    stages = set()
+    for path in files:
+        tasks = yaml.safe_load(path.read_text())
+        first, last = tasks[0]["ansible.builtin.set_stats"], tasks[-1]["ansible.builtin.set_stats"]
+        opened = first["data"]["inferfleet_preflight"]
+        closed = last["data"]["inferfleet_preflight"]
+        stage = opened.split("{'")[1].split("'")[0]
+        assert opened.endswith(f"{{'{stage}': 'open'}}}} }}}}"), path
+        assert closed == opened.replace("'open'", "'passed'"), path
+        stages.add(stage)
+    assert len(stages) == len(files)  # one stage name per file

@@ -19,16 +19,6 @@ from inferfleet.runner import run_playbook
 from inferfleet.verify import metric_sums
 
 
-def reports(events: list[dict], task: str = "Report") -> dict[str, dict]:
-    """Each host's message from the task named `task`, from the run's events."""
-    out = {}
-    for event in events:
-        data = event.get("event_data", {})
-        if event.get("event") == "runner_on_ok" and data.get("task") == task:
-            out[data["host"]] = data["res"]["msg"]
-    return out
-
-
 def lb_view(balancers: dict[str, dict], instance: str) -> str:
     """`lb: STATE` for every load balancer: HAProxy's server state, or what Nginx cannot tell."""
     views = []
@@ -44,7 +34,7 @@ PROMETHEUS_FIGURES = ("requests_per_s", "ttft_p95_s", "kv_cache_use")
 
 
 def prometheus_view(host: str, msg: dict) -> dict:
-    """Per-instance figures and the firing alerts from the "Report Prometheus" message
+    """Per-instance figures and the firing alerts from status.yml's Prometheus report
     (Prometheus' instant-query results: [{"metric": {...}, "value": [time, "text"]}])."""
     answers = msg.get("answers") or {}
     instances: dict[str, dict] = {}
@@ -238,13 +228,13 @@ def status(
         utilization(resolve_inventory(inventory), window, as_json)
         return
     quiet = Console(quiet=True)
-    result = run_playbook(
-        "status", "status.yml", resolve_inventory(inventory), console=quiet, keep_events=True
-    )
-    nodes = reports(result.events)
-    balancers = reports(result.events, "Report backends")
+    result = run_playbook("status", "status.yml", resolve_inventory(inventory), console=quiet)
+    # playbooks/status.yml hands each report over with set_stats, keyed by host
+    nodes = result.data.get("inferfleet_status_nodes", {})
+    balancers = result.data.get("inferfleet_status_balancers", {})
     prometheus = [
-        prometheus_view(h, m) for h, m in reports(result.events, "Report Prometheus").items()
+        prometheus_view(h, m)
+        for h, m in result.data.get("inferfleet_status_prometheus", {}).items()
     ]
     prom = prometheus[0] if prometheus else None
     rows = []

@@ -17,7 +17,6 @@ from rich.table import Table
 from inferfleet import fleet as fleet_mod
 from inferfleet import verify as v
 from inferfleet.commands.common import console, fail, resolve_inventory
-from inferfleet.commands.status import reports
 from inferfleet.runner import run_playbook
 
 
@@ -60,7 +59,6 @@ def _failover(
             inventory,
             extra_vars={"failover_host": node.host, "failover_timeout": timeout},
             console=Console(quiet=True) if quiet else console,
-            keep_events=True,
         )
         # Past the returning engine's slow start: it must serve its share again.
         back = _served(fleet)[node.host][0]
@@ -68,7 +66,7 @@ def _failover(
         served_again = _served(fleet)[node.host][0] - back
     stop.set()
     watcher.join()
-    report = reports(run.events).get(node.host)
+    report = run.data.get("inferfleet_failover", {}).get(node.host)  # failover.yml's set_stats
     failed = load.failed()
     checks = [
         (
