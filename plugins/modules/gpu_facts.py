@@ -32,10 +32,18 @@ description:
     the topology matrix (C(nvidia-smi topo -m)).
   - Never fails for a node without GPUs or driver; the facts say what is there.
   - Sets the fact C(inferfleet_gpu), and C(inferfleet_node) with O(node=true).
-  - The parsing lives in module_utils C(inferfleet_gpu), which
+  - The parsing lives in the collection's module_utils C(gpu), which
     C(scripts/gpu-check/gpu_facts.sh) also runs without Ansible.
 version_added: "0.1.0"
 author: inferfleet contributors
+attributes:
+  check_mode:
+    support: full
+    description: It only reads; check mode returns the same facts.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
 options:
   nvidia_smi:
     description: The nvidia-smi command (a name looked up on PATH, or a path).

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.inferfleet.fleet.plugins.module_utils import manifest as mf
+from ansible_collections.inferfleet.fleet.plugins.module_utils import model_sync_cache as mc
+from ansible_collections.inferfleet.fleet.plugins.module_utils import model_sync_transfer as mt
 from ansible_collections.inferfleet.fleet.plugins.module_utils import s3 as s3
 from ansible_collections.inferfleet.fleet.plugins.modules import model_sync as ms
 
@@ -24,23 +26,23 @@ MiB = 1024 * 1024
 
 # -- pure helpers ---------------------------------------------------------------------
 def test_plan_parts_cover_the_file_exactly():
-    assert ms.plan_parts(0, 10) == [(0, 0)]
-    assert ms.plan_parts(10, 4) == [(0, 4), (4, 8), (8, 10)]
-    assert ms.plan_parts(8, 4) == [(0, 4), (4, 8)]
+    assert mt.plan_parts(0, 10) == [(0, 0)]
+    assert mt.plan_parts(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert mt.plan_parts(8, 4) == [(0, 4), (4, 8)]
     with pytest.raises(ValueError):
-        ms.plan_parts(8, 0)
+        mt.plan_parts(8, 0)
 
 
 def test_object_key():
-    assert ms.object_key("", "m", "v1") == "m/v1/"
-    assert ms.object_key("/models/llm/", "m", "v1", "a/b.bin") == "models/llm/m/v1/a/b.bin"
+    assert mt.object_key("", "m", "v1") == "m/v1/"
+    assert mt.object_key("/models/llm/", "m", "v1", "a/b.bin") == "models/llm/m/v1/a/b.bin"
 
 
 def test_parse_mode():
-    assert ms.parse_mode("0640", "file_mode") == 0o640
+    assert mt.parse_mode("0640", "file_mode") == 0o640
     for bad in ("rw-r--r--", "99999"):
-        with pytest.raises(ms.SyncError, match="file_mode"):
-            ms.parse_mode(bad, "file_mode")
+        with pytest.raises(mt.SyncError, match="file_mode"):
+            mt.parse_mode(bad, "file_mode")
 
 
 MOUNTINFO = """\
@@ -62,54 +64,54 @@ MOUNTINFO = """\
     ],
 )
 def test_filesystem_type_and_remote_detection(path, expected, remote):
-    assert ms.filesystem_type(path, MOUNTINFO) == expected
-    assert ms.is_remote_fs(expected[1]) is remote
+    assert mt.filesystem_type(path, MOUNTINFO) == expected
+    assert mt.is_remote_fs(expected[1]) is remote
 
 
 def test_fuse_network_filesystems_are_remote():
-    assert ms.is_remote_fs("fuse.sshfs")
-    assert not ms.is_remote_fs("tmpfs")
+    assert mt.is_remote_fs("fuse.sshfs")
+    assert not mt.is_remote_fs("tmpfs")
 
 
 def test_disk_shortfall():
-    assert ms.disk_shortfall(100, 150, 0) == 0
-    assert ms.disk_shortfall(100, 150, 60) == 10
-    assert ms.disk_shortfall(100, 40, 0) == 60
+    assert mt.disk_shortfall(100, 150, 0) == 0
+    assert mt.disk_shortfall(100, 150, 60) == 10
+    assert mt.disk_shortfall(100, 40, 0) == 60
 
 
 def test_choose_prune_keeps_current_and_the_most_recent_previous():
     versions = [("v1", 10), ("v2", 20), ("v3", 30), ("v4", 40)]
-    assert ms.choose_prune(versions, "v4", 2) == ["v1"]
-    assert ms.choose_prune(versions, "v4", 0) == ["v1", "v2", "v3"]
+    assert mt.choose_prune(versions, "v4", 2) == ["v1"]
+    assert mt.choose_prune(versions, "v4", 0) == ["v1", "v2", "v3"]
     # A rollback to v1 makes v1 current; the oldest activated others go first.
-    assert ms.choose_prune(versions, "v1", 1) == ["v2", "v3"]
-    assert ms.choose_prune(versions, "v9", 5) == []
+    assert mt.choose_prune(versions, "v1", 1) == ["v2", "v3"]
+    assert mt.choose_prune(versions, "v9", 5) == []
 
 
 def test_plan_fetch_reuses_by_content():
     sha = hashlib.sha256(b"x").hexdigest()
     m = mf.build("m", "v2", [{"path": "a", "size": 1, "sha256": sha},
                              {"path": "b", "size": 2, "sha256": "0" * 64}])
-    fetch, reuse = ms.plan_fetch(m, {(sha, 1): "/cache/m/v1/other-name"})
+    fetch, reuse = mt.plan_fetch(m, {(sha, 1): "/cache/m/v1/other-name"})
     assert [f["path"] for f in fetch] == ["b"]
     assert [(e["path"], src) for e, src in reuse] == [("a", "/cache/m/v1/other-name")]
     # same hash but another size is not the same file
-    fetch, reuse = ms.plan_fetch(m, {(sha, 5): "/x"})
+    fetch, reuse = mt.plan_fetch(m, {(sha, 5): "/x"})
     assert len(fetch) == 2 and not reuse
 
 
 def test_diff_text_lists_version_digest_and_files():
     m = mf.build("m", "v1", [{"path": "a", "size": 1, "sha256": "1" * 64}])
-    text = ms.diff_text("v1", m)
+    text = mt.diff_text("v1", m)
     assert text.splitlines() == ["version: v1", f"manifest_digest: {m['digest']}", "files:",
                                  f"  a  1  sha256:{'1' * 64}"]
-    assert ms.diff_text("", None) == "version: (none)\n"
+    assert mt.diff_text("", None) == "version: (none)\n"
 
 
 def test_human_bytes():
-    assert ms.human_bytes(5) == "5 B"
-    assert ms.human_bytes(5 * MiB) == "5.0 MiB"
-    assert ms.human_bytes(3 * 1024 * MiB) == "3.0 GiB"
+    assert mt.human_bytes(5) == "5 B"
+    assert mt.human_bytes(5 * MiB) == "5.0 MiB"
+    assert mt.human_bytes(3 * 1024 * MiB) == "3.0 GiB"
 
 
 # -- the S3 client ------------------------------------------------------------------
@@ -250,7 +252,7 @@ class MemorySource:
         while pos < end:
             chunk = memoryview(data)[pos:min(end, pos + 256 * 1024)]
             if not len(chunk):
-                raise ms.SyncError(f"{self.where(entry['path'])} ended early")
+                raise mt.SyncError(f"{self.where(entry['path'])} ended early")
             into[pos - start:pos - start + len(chunk)] = chunk
             on_data(pos, into[pos - start:pos - start + len(chunk)])
             self.fetched += len(chunk)
@@ -269,7 +271,7 @@ def _params(cache, version, **extra):
 
 def _sync(cache, version, files, check_mode=False, serve=None, **extra):
     source = MemorySource("m", version, files, serve)
-    result = ms.Syncer(_params(cache, version, **extra), check_mode, source=source).run()
+    result = mc.Syncer(_params(cache, version, **extra), check_mode, source=source).run()
     return result, source
 
 
@@ -337,7 +339,7 @@ def test_corrupt_bytes_fail_and_leave_current(tmp_path):
     v2 = {"a.bin": os.urandom(2 * MiB)}
     bad = {"a.bin": bytearray(v2["a.bin"])}
     bad["a.bin"][MiB + 3] ^= 1
-    with pytest.raises(ms.SyncError, match="checksum mismatch for mem://m/v2/a.bin"):
+    with pytest.raises(mt.SyncError, match="checksum mismatch for mem://m/v2/a.bin"):
         _sync(tmp_path, "v2", v2, serve={"a.bin": bytes(bad["a.bin"])})
     assert os.readlink(tmp_path / "m" / "current") == "v1"
     assert not (tmp_path / "m" / "v2").exists() and not _leftovers(tmp_path)
@@ -354,10 +356,10 @@ def test_disk_full_mid_way_fails_cleanly(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_pwrite(fd, data, offset)
 
-    monkeypatch.setattr(ms.os, "pwrite", pwrite)
-    with pytest.raises(ms.SyncError, match=r"disk full: cannot write .*/m/\.tmp-v2-"):
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    with pytest.raises(mt.SyncError, match=r"disk full: cannot write .*/m/\.tmp-v2-"):
         _sync(tmp_path, "v2", {"big.bin": os.urandom(4 * MiB)})
-    monkeypatch.setattr(ms.os, "pwrite", real_pwrite)
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
     assert os.readlink(tmp_path / "m" / "current") == "v1"
     assert not (tmp_path / "m" / "v2").exists() and not _leftovers(tmp_path)
 
@@ -387,10 +389,10 @@ def test_expected_digest_skips_the_source_when_the_copy_is_complete(tmp_path):
             raise AssertionError("the source must not be asked")
 
     source = Unreachable("m", "v1", FILES_V1)
-    again = ms.Syncer(_params(tmp_path, "v1", manifest_digest=r["manifest_digest"]),
+    again = mc.Syncer(_params(tmp_path, "v1", manifest_digest=r["manifest_digest"]),
                       source=source).run()
     assert not again["changed"]
-    with pytest.raises(ms.SyncError, match="expected sha256:0000"):
+    with pytest.raises(mt.SyncError, match="expected sha256:0000"):
         _sync(tmp_path, "v2", FILES_V1, manifest_digest="sha256:" + "0" * 64)
 
 
@@ -399,7 +401,7 @@ def test_owner_and_modes_apply(tmp_path):
           group="root")
     assert (tmp_path / "m" / "v1" / "f").stat().st_mode & 0o777 == 0o640
     assert (tmp_path / "m" / "v1").stat().st_mode & 0o777 == 0o750
-    with pytest.raises(ms.SyncError, match="owner 'no-such-user' does not exist"):
+    with pytest.raises(mt.SyncError, match="owner 'no-such-user' does not exist"):
         _sync(tmp_path, "v2", {"f": b"1"}, owner="no-such-user")
 
 
@@ -419,7 +421,7 @@ def test_path_source_copy_and_in_place(tmp_path):
     cache.mkdir()
     _publish_tree(shared, "m", "v1", FILES_V1)
     params = _params(cache, "v1", source="path", path_source=str(shared))
-    r = ms.Syncer(params).run()
+    r = mc.Syncer(params).run()
     assert r["changed"] and not r["in_place"]
     assert (cache / "m" / "v1").is_dir() and not (cache / "m" / "v1").is_symlink()
     assert (cache / "m" / "current" / "model.safetensors").read_bytes() == \
@@ -427,34 +429,34 @@ def test_path_source_copy_and_in_place(tmp_path):
 
     _publish_tree(shared, "m", "v2", dict(FILES_V1, extra=b"e"))
     in_place = _params(cache, "v2", source="path", path_source=str(shared), use_in_place=True)
-    r = ms.Syncer(in_place).run()
+    r = mc.Syncer(in_place).run()
     assert r["changed"] and r["in_place"] and r["bytes_downloaded"] == 0
     assert r["bytes_hashed"] == sum(map(len, FILES_V1.values())) + 1
     assert os.readlink(cache / "m" / "v2") == str((shared / "m" / "v2").resolve())
-    r = ms.Syncer(in_place).run()
+    r = mc.Syncer(in_place).run()
     assert not r["changed"] and r["bytes_hashed"] == 0  # verified once, remembered
 
     # the shared copy changes under us: verified again, and refused
     target = shared / "m" / "v2" / "extra"
     target.write_bytes(b"E")
-    with pytest.raises(ms.SyncError, match="checksum mismatch for .*/shared/m/v2/extra"):
-        ms.Syncer(in_place).run()
+    with pytest.raises(mt.SyncError, match="checksum mismatch for .*/shared/m/v2/extra"):
+        mc.Syncer(in_place).run()
     assert os.readlink(cache / "m" / "current") == "v2"  # was current already; not removed
 
     # pruning an in-place version removes the link, never the shared files
     _publish_tree(shared, "m", "v3", {"f": b"3"})
-    ms.Syncer(_params(cache, "v3", source="path", path_source=str(shared), keep_versions=0)).run()
+    mc.Syncer(_params(cache, "v3", source="path", path_source=str(shared), keep_versions=0)).run()
     assert not os.path.lexists(cache / "m" / "v2") and target.exists()
 
 
 def test_use_in_place_needs_a_path_source(tmp_path):
-    with pytest.raises(ms.SyncError, match="use_in_place needs source=path"):
-        ms.Syncer(_params(tmp_path, "v1", use_in_place=True, s3_endpoint="http://x",
+    with pytest.raises(mt.SyncError, match="use_in_place needs source=path"):
+        mc.Syncer(_params(tmp_path, "v1", use_in_place=True, s3_endpoint="http://x",
                           s3_bucket="bkt"))
 
 
 def test_cache_root_must_exist(tmp_path):
-    with pytest.raises(ms.SyncError, match="does not exist"):
+    with pytest.raises(mt.SyncError, match="does not exist"):
         _sync(tmp_path / "nope", "v1", {"f": b"1"})
 
 
@@ -484,7 +486,7 @@ def test_transfer_stress_many_files_few_buffers(tmp_path, direct_io):
         source = Jittery("m", "v1", files)
         dest = tmp_path / f"round{round_}"
         dest.mkdir()
-        transfer = ms.Transfer(source, concurrency=6, part_size=MiB, buffers=2,
+        transfer = mt.Transfer(source, concurrency=6, part_size=MiB, buffers=2,
                                direct_io=direct_io)
         transfer.run([(e, str(dest / e["path"])) for e in source.manifest["files"]])
         assert transfer.bytes_hashed == sum(map(len, files.values()))
@@ -520,7 +522,7 @@ def test_filesystems_without_o_direct_fall_back_to_buffered_writes(tmp_path, mon
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_open(path, flags, *args)
 
-    monkeypatch.setattr(ms.os, "open", no_direct)
+    monkeypatch.setattr(os, "open", no_direct)
     files = {"a.bin": os.urandom(3 * MiB + 11), "b.txt": b"tail"}
     r, _ = _sync(tmp_path, "v1", files)
     assert direct_tries and r["bytes_hashed"] == sum(map(len, files.values()))
