@@ -192,6 +192,12 @@ def test_an_operators_playbook_and_a_life_cycle_command(installed, lab_hosts):
     assert report["digest"].startswith("sha256:")
     assert report["again"] is False
 
+    # the life-cycle playbooks are collection playbooks, from the operator's collections path
+    checked = run([installed["bin"] / "ansible-playbook", "-i", inventory,
+                   "inferfleet.fleet.site", "--syntax-check"], cwd=installed["work"],
+                  env=installed["env"]).stdout
+    assert f"playbook: {installed['work'] / 'collections'}" in checked
+
     # site.yml's last play asks the load balancer for a completion: rc 0 means it answered
     run([installed["bin"] / "inferfleet", "deploy", "-i", inventory],
         cwd=installed["work"], env=installed["env"], timeout=1200)
