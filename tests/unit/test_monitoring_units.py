@@ -61,8 +61,8 @@ def test_dcgm_exporter_runs_nvidias_image_with_the_gpus():
 
 def test_syslog_forwarding_sends_only_the_fleet_identifiers():
     conf = _render("rsyslog-forward.conf.j2", monitoring_log_syslog_target="logs.example")
-    assert ('if $programname == ["inferfleet-engine", "ansible-inferfleet.fleet.model_sync", "haproxy", "nginx"]'
-            in conf)
+    assert ('if $programname == ["inferfleet-engine", "ansible-inferfleet.fleet.model_sync", '
+            '"haproxy", "nginx"]' in conf)
     assert 'target="logs.example" port="514"' in conf
     assert 'protocol="tcp"' in conf
 
