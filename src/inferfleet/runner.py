@@ -221,9 +221,18 @@ def run_playbook(
 
     console = console or Console()
     started = time.time()
-    ident = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + f"-{command.replace(' ', '-')}"
-    data_dir = RUNS_DIR / ident
-    data_dir.mkdir(parents=True, mode=0o700)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + f"-{command.replace(' ', '-')}"
+    RUNS_DIR.mkdir(parents=True, mode=0o700, exist_ok=True)
+    for n in range(1, 100):  # two runs of one command within a second get -2, -3, ...
+        ident = stamp if n == 1 else f"{stamp}-{n}"
+        data_dir = RUNS_DIR / ident
+        try:
+            data_dir.mkdir(mode=0o700)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise SystemExit(f"inferfleet: no free run record name for {stamp} under {RUNS_DIR}")
     os.chmod(RUNS_DIR, 0o700)
     cmdline = " ".join(x for x in ("--check" if check else "", "--diff" if diff else "") if x)
     progress = Progress(console)
