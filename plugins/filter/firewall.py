@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.inferfleet.fleet.plugins.module_utils.engine_args import ray_ports
@@ -143,18 +142,14 @@ def _on(value) -> bool:
     return bool(value)
 
 
-def _engine_ray_ports(hv: Mapping) -> list[str]:
+def _engine_ray_ports(hv: Mapping, defaults: Mapping) -> list[str]:
     """The ports the inference_engine role starts Ray with, on a Ray-backed group's member
-    (its inventory values, else the role's defaults); [] under the native backend."""
+    (its inventory values, else `defaults`: {inference_engine_ray_*_port: value}); [] under
+    the native backend."""
     if str(hv.get("inference_engine_group_backend", "native")) != "ray":
         return []
-    import yaml
-
-    defaults_file = Path(__file__).resolve().parents[2] / "roles/inference_engine/defaults/main.yml"
-    defaults = yaml.safe_load(defaults_file.read_text())
     prefix = "inference_engine_ray_"
-    return ray_ports({k[len(prefix):]: hv.get(k, v) for k, v in defaults.items()
-                      if k.startswith(prefix)})
+    return ray_ports({k[len(prefix):]: hv.get(k, v) for k, v in defaults.items()})
 
 
 def firewall_rules(host: str, groups: Mapping, hostvars: Mapping, options: Mapping) -> list[dict]:
@@ -163,7 +158,8 @@ def firewall_rules(host: str, groups: Mapping, hostvars: Mapping, options: Mappi
     `options`: client_networks, admin_networks, ssh_port, group_port_ranges, ray_ports,
     extra_rules (this host's firewall_* settings), monitoring_group, and the other roles'
     port defaults for hosts that do not set them: engine_port, master_port, lb_port,
-    lb_admin_port, prometheus_port, node_exporter_port, dcgm_exporter_port.
+    lb_admin_port, prometheus_port, node_exporter_port, dcgm_exporter_port, and
+    ray_port_defaults ({inference_engine_ray_*_port: value}).
     """
     hv = _hv(hostvars, host)
     clients = [network(n, "firewall_client_networks") for n in options["client_networks"]]
@@ -203,7 +199,7 @@ def firewall_rules(host: str, groups: Mapping, hostvars: Mapping, options: Mappi
                 "inference_engine_master_port",
             ),
         ]
-        ray = options["ray_ports"] or _engine_ray_ports(hv)
+        ray = options["ray_ports"] or _engine_ray_ports(hv, options["ray_port_defaults"])
         group += [("Ray between instance members", p, "firewall_ray_ports") for p in ray]
         group += [
             ("NCCL/Gloo between instance members", p, "firewall_group_port_ranges")

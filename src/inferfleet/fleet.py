@@ -7,7 +7,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import instances
+
+from inferfleet.paths import COLLECTION
+
+
+def role_defaults(*roles: str) -> dict:
+    """The plain values of these roles' defaults/main.yml (the collection's own), later
+    roles first: what a host gets when the inventory does not set the variable."""
+    out: dict = {}
+    for role in roles:
+        path = COLLECTION / "roles" / role / "defaults" / "main.yml"
+        out.update(yaml.safe_load(path.read_text()))
+    return out
 
 
 @dataclass
@@ -67,6 +80,7 @@ def load(inventory: Path) -> Fleet:
     engine_hosts = inv.get_groups_dict().get("inference", [])
     hv = {h: hostvars(h) for h in engine_hosts}
     groups = instances(engine_hosts, hv)
+    defaults = role_defaults("load_balancer", "fleet_defaults")
     nodes = []
     for name, members in groups.items():
         for rank, host in enumerate(members):
@@ -75,18 +89,18 @@ def load(inventory: Path) -> Fleet:
                 Node(
                     host,
                     str(v.get("inferfleet_address") or v.get("ansible_host") or host),
-                    int(v.get("inference_engine_port", 8000)),
+                    int({**defaults, **v}["inference_engine_port"]),
                     name,
                     rank,
                 )
             )
     balancers, admin = [], []
-    lb_vars: dict = {}
+    lb_vars: dict = defaults
     for host in inv.get_groups_dict().get("loadbalancers", []):
-        lb_vars = hostvars(host)
+        lb_vars = {**defaults, **hostvars(host)}
         address = lb_vars.get("inferfleet_address") or lb_vars.get("ansible_host") or host
-        balancers.append(f"http://{address}:{lb_vars.get('load_balancer_port', 80)}")
-        admin.append(f"http://{address}:{lb_vars.get('load_balancer_admin_port', 8404)}")
+        balancers.append(f"http://{address}:{lb_vars['load_balancer_port']}")
+        admin.append(f"http://{address}:{lb_vars['load_balancer_admin_port']}")
     first = hv[engine_hosts[0]] if engine_hosts else {}
     keys = lb_vars.get("load_balancer_api_keys") or []
     return Fleet(
@@ -99,8 +113,8 @@ def load(inventory: Path) -> Fleet:
         nodes=nodes,
         balancers=balancers,
         admin=admin,
-        balance=str(lb_vars.get("load_balancer_balance", "leastconn")),
-        weight=int(lb_vars.get("load_balancer_backend_weight", 100)),
-        slowstart=duration(lb_vars.get("load_balancer_slowstart", "60s")),
+        balance=str(lb_vars["load_balancer_balance"]),
+        weight=int(lb_vars["load_balancer_backend_weight"]),
+        slowstart=duration(lb_vars["load_balancer_slowstart"]),
         max_num_seqs=int(first.get("inference_engine_max_num_seqs") or 256),
     )

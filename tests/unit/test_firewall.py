@@ -46,7 +46,22 @@ MONITORING = {"mon": {"ansible_host": "10.0.0.5"}}
 GROUPS = {"inference": list(ENGINES), "loadbalancers": list(LBS), "monitoring": list(MONITORING)}
 HOSTVARS = {**ENGINES, **LBS, **MONITORING}
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
-PORTS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["_firewall_port_defaults"]
+# The firewall's port fallbacks name the variables roles/fleet_defaults defines.
+SHARED = yaml.safe_load((REPO / "roles" / "fleet_defaults" / "defaults" / "main.yml").read_text())
+PORT_VARIABLES = {
+    "engine_port": "inference_engine_port",
+    "master_port": "inference_engine_master_port",
+    "lb_port": "load_balancer_port",
+    "lb_admin_port": "load_balancer_admin_port",
+    "prometheus_port": "monitoring_prometheus_port",
+    "node_exporter_port": "monitoring_node_exporter_port",
+    "dcgm_exporter_port": "monitoring_dcgm_exporter_port",
+}
+PORTS = {
+    **{key: SHARED[variable] for key, variable in PORT_VARIABLES.items()},
+    "ray_port_defaults": {k: v for k, v in SHARED.items()
+                          if k.startswith("inference_engine_ray_") and k.endswith("_port")},
+}
 ADMINS = ["192.0.2.0/24"]
 
 
@@ -113,7 +128,7 @@ def test_a_ray_backed_group_opens_the_engine_roles_ray_ports_between_members():
                 "big0": {**ENGINES["big0"], "inference_engine_group_backend": "ray",
                          "inference_engine_ray_port": 7000}}
     big0 = allowed("big0", hostvars=hostvars)
-    engine = yaml.safe_load((REPO / "roles/inference_engine/defaults/main.yml").read_text())
+    engine = SHARED
     expected = ["tcp/7000"] + [f"tcp/{engine[f'inference_engine_ray_{k}']}" for k in (
         "dashboard_port", "client_port", "node_manager_port", "object_manager_port",
         "agent_port", "agent_listen_port", "metrics_port", "runtime_env_agent_port")]
@@ -415,26 +430,11 @@ def test_preflight_refuses_a_short_revert(tmp_path):
 
 
 # --- No drift between the role, the other roles and the docs ----------------------------
-OWNERS = {
-    "engine_port": ("inference_engine", "inference_engine_port"),
-    "lb_port": ("load_balancer", "load_balancer_port"),
-    "lb_admin_port": ("load_balancer", "load_balancer_admin_port"),
-    "prometheus_port": ("monitoring", "monitoring_prometheus_port"),
-    "node_exporter_port": ("monitoring", "monitoring_node_exporter_port"),
-    "dcgm_exporter_port": ("monitoring", "monitoring_dcgm_exporter_port"),
-}
-
-
-@pytest.mark.parametrize("key", sorted(OWNERS))
-def test_port_fallbacks_match_the_owning_roles_defaults(key):
-    role, variable = OWNERS[key]
-    defaults = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text())
-    assert PORTS[key] == defaults[variable], f"{variable} is {defaults[variable]} in {role}"
-
-
-def test_master_port_fallback_matches_the_fabric_preflight():
-    text = (REPO / "roles" / "fabric_preflight" / "defaults" / "main.yml").read_text()
-    assert f"inference_engine_master_port | default({PORTS['master_port']})" in text
+def test_port_fallbacks_are_the_shared_variables():
+    vars_main = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["_firewall_port_defaults"]
+    for key, variable in PORT_VARIABLES.items():
+        assert vars_main[key] == "{{ %s }}" % variable, key
+    assert "inferfleet.fleet.fleet_defaults" in (ROLE / "meta" / "main.yml").read_text()
 
 
 def _docs_ports() -> dict[str, str]:
@@ -451,8 +451,7 @@ def _docs_ports() -> dict[str, str]:
 
 def test_the_docs_ports_table_matches_the_defaults():
     documented = _docs_ports()
-    expected = {variable: str(PORTS[key]) for key, (_, variable) in OWNERS.items()}
-    expected["inference_engine_master_port"] = str(PORTS["master_port"])
+    expected = {variable: str(PORTS[key]) for key, variable in PORT_VARIABLES.items()}
     expected["firewall_ssh_port"] = str(DEFAULTS["firewall_ssh_port"])
     expected["firewall_group_port_ranges"] = ", ".join(DEFAULTS["firewall_group_port_ranges"])
     expected["firewall_ray_ports"] = "none"

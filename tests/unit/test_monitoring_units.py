@@ -15,7 +15,9 @@ ROLE = Path(__file__).resolve().parents[2] / "roles" / "monitoring"
 
 
 def _vars(**overrides) -> dict:
-    values = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    # the role's defaults over those of its dependency, roles/fleet_defaults
+    values = yaml.safe_load((ROLE.parent / "fleet_defaults" / "defaults" / "main.yml").read_text())
+    values.update(yaml.safe_load((ROLE / "defaults" / "main.yml").read_text()))
     values.update(
         ansible_managed="Ansible managed",
         monitoring_engine_service="inferfleet-engine.service",
