@@ -44,11 +44,6 @@ def _members_of(named, hosts, hostvars):
     return [h for members in groups.values() if set(members) & set(named) for h in members]
 
 
-def _balancers(hosts, hostvars, kind):
-    """The load balancer hosts running `kind` (load_balancer_kind, default haproxy)."""
-    return [h for h in hosts if hostvars[h].get("load_balancer_kind", "haproxy") == kind]
-
-
 def _group_problems(members, instance):
     """What stops a multi-node instance from starting (module_utils.group)."""
     return group_problems(instance, members)
@@ -62,6 +57,5 @@ class FilterModule:
             "serving_nodes": _serving,
             "serving_nodes_of": _serving_of,
             "members_of": _members_of,
-            "balancers": _balancers,
             "group_problems": _group_problems,
         }

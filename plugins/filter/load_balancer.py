@@ -9,6 +9,7 @@ defaults, so mixed hardware is described where the hardware is: on the host.
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
@@ -61,6 +62,34 @@ def load_balancer_servers(instances: Mapping, hostvars: Mapping, defaults: Mappi
     return sorted(servers, key=lambda s: s["name"])
 
 
+def haproxy_servers(stat: str, backend: str) -> list:
+    """The servers of `backend` in HAProxy's `show stat` CSV: name, status, weight
+    (effective, ramped by slow start) and uweight (the user weight)."""
+    rows = csv.DictReader(str(stat).lstrip("# ").splitlines())
+    return [
+        {"name": r["svname"], "status": r["status"], "weight": r["weight"],
+         "uweight": r.get("uweight", "")}
+        for r in rows
+        if r.get("pxname") == backend and r.get("svname") not in ("FRONTEND", "BACKEND")
+    ]
+
+
+def load_balancer_seen(result: Mapping, backend: str) -> dict:
+    """One load balancer's entry of tasks/servers.yml's fact, from its looped `show stat`
+    result: a skipped one runs Nginx, which keeps no state to read."""
+    if result.get("skipped"):
+        return {"kind": "nginx", "servers": [], "error": ""}
+    if result.get("rc") != 0:
+        error = (result.get("stderr") or result.get("msg") or "no answer").strip()
+        return {"kind": "haproxy", "servers": [], "error": error}
+    servers = haproxy_servers(result.get("stdout", ""), backend)
+    return {"kind": "haproxy", "servers": servers, "error": ""}
+
+
 class FilterModule:
     def filters(self):
-        return {"load_balancer_servers": load_balancer_servers}
+        return {
+            "load_balancer_servers": load_balancer_servers,
+            "haproxy_servers": haproxy_servers,
+            "load_balancer_seen": load_balancer_seen,
+        }
