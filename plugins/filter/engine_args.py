@@ -1,6 +1,6 @@
 """Filters the inference_engine role renders its unit and environment with: thin
-wrappers over module_utils.engine_args.FILTERS, so the role, the unit tests and the GPU
-check share one implementation.
+wrappers over module_utils.engine_args.FILTERS (pure functions, unit-tested there; the
+role's whole render is tested through Ansible, tests/unit/engine_render.py).
 
     ExecStart={{ ([venv ~ '/bin/vllm', 'serve'] + (settings | inferfleet.fleet.vllm_serve_args))
                  | inferfleet.fleet.systemd_quote }}

@@ -3,11 +3,25 @@
 # after they define log, fail, WORK and OUT.
 
 # The CLI's sources and the collection (this checkout, linked as ansible_collections/
-# inferfleet/fleet) on the Python path of the checks' own Python code.
+# inferfleet/fleet) on the Python path of the checks' own Python code, where Ansible
+# finds the collection too.
 mkdir -p "$WORK/collections/ansible_collections/inferfleet"
 ln -sfn "$PWD" "$WORK/collections/ansible_collections/inferfleet/fleet"
 export PYTHONPATH="$PWD/src:$WORK/collections"
-ENGINE_ARGS=ansible_collections.inferfleet.fleet.plugins.module_utils.engine_args
+
+# render_engine PREFIX VAR=YAML...: what the inference_engine role renders for these
+# inventory values, rendered by Ansible itself (tests/unit/engine_render.py runs the
+# role's preflight and its templates through ansible-playbook, on a local connection):
+# PREFIX.service (the unit), PREFIX.args.json (the words after `serve` on its ExecStart)
+# and PREFIX.env (its environment file's values, KEY=VALUE a line). Needs PY with
+# ansible-core (install_vllm installs it beside vLLM).
+render_engine() {
+  local prefix=$1
+  if ! "$PY" tests/unit/engine_render.py "$@" > "$prefix.render.log" 2>&1; then
+    tail -n 20 "$prefix.render.log" | tee -a "$SUMMARY"
+    return 1
+  fi
+}
 
 # vLLM's version: VLLM_VERSION, else the role's inference_engine_version.
 VLLM_VERSION=${VLLM_VERSION:-$(sed -n 's/^inference_engine_version: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' \
@@ -25,7 +39,7 @@ install_vllm() {
     PY=$WORK/venv/bin/python
     log "pip install vllm==$VLLM_VERSION (fresh venv $WORK/venv)"
     if ! timeout 360 "$PY" -m pip install --disable-pip-version-check -q \
-          "vllm==$VLLM_VERSION" jinja2 pyyaml > "$OUT/pip.log" 2>&1; then
+          "vllm==$VLLM_VERSION" "ansible-core>=2.19,<2.20" > "$OUT/pip.log" 2>&1; then
       tail -n 20 "$OUT/pip.log" | tee -a "$SUMMARY"
       fail "pip install vllm==$VLLM_VERSION failed (no index reachable? set PIP_INDEX_URL or PIP_FIND_LINKS, or CHECK_PYTHON)"
     fi

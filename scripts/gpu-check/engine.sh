@@ -6,14 +6,15 @@
 #   scripts/gpu-check/engine.sh            (from the repository root, on a GPU machine)
 #
 # Steps: a fresh virtualenv (with --system-site-packages, so a machine that already has
-# torch/vLLM reuses them) + `pip install vllm==<role's version>`; the tiny model; the
-# arguments from the role's own unit template (module_utils/engine_args.py); serve;
-# /health, /v1/models, a greedy completion; the KV-cache capacity line vLLM logs.
+# torch/vLLM reuses them) + `pip install vllm==<role's version> ansible-core`; the tiny
+# model; the arguments from the role's own unit, rendered by Ansible (ansible-playbook,
+# through tests/unit/engine_render.py); serve; /health, /v1/models, a greedy completion;
+# the KV-cache capacity line vLLM logs.
 # Logs and a summary go to $OUT (or a temporary folder). Exit 0 only if all passed.
 #
 # Knobs (environment): VLLM_VERSION (default: the role's inference_engine_version),
-# CHECK_PYTHON (an interpreter that already has vLLM: skips the venv and pip),
-# PIP_INDEX_URL / PIP_FIND_LINKS (pip's own), PORT (default 18000).
+# CHECK_PYTHON (an interpreter that already has vLLM and ansible-core: skips the venv
+# and pip), PIP_INDEX_URL / PIP_FIND_LINKS (pip's own), PORT (default 18000).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -57,26 +58,22 @@ install_vllm
 # 3. The tiny model, with enough attention heads to split over every GPU
 tiny_model "$WORK/model" "$NGPU"
 
-# 4. The arguments, from the role's own unit template (accelerator nvidia, TP = all GPUs)
-"$PY" -m "$ENGINE_ARGS" unit \
-  --set inference_engine_accelerator=nvidia \
-  --set "inference_engine_model_path=$WORK/model" \
-  --set inference_engine_served_model_name=tiny \
-  --set inference_engine_host=127.0.0.1 \
-  --set "inference_engine_port=$PORT" \
-  --set "__inference_engine_tensor_parallel_size=$NGPU" \
-  --set inference_engine_max_model_len=2048 \
-  --set inference_engine_gpu_memory_utilization=0.5 \
-  --set inference_engine_max_num_seqs=16 \
-  --set 'inference_engine_extra_args=[--enforce-eager]' \
-  > "$OUT/inferfleet-engine.service" || fail "rendering the role's unit failed"
-mapfile -t ARGS < <("$PY" - "$OUT/inferfleet-engine.service" <<'EOF'
-import sys
-from ansible_collections.inferfleet.fleet.plugins.module_utils.engine_args import unit_exec_start
-words = unit_exec_start(open(sys.argv[1]).read())
-print("\n".join(words[words.index("serve") + 1:]))
-EOF
-)
+# 4. The arguments, from the role's own unit (accelerator nvidia, TP = all GPUs), rendered
+#    by Ansible (render_engine, scripts/gpu-check/common.sh)
+render_engine "$OUT/inferfleet-engine" \
+  inference_engine_accelerator=nvidia \
+  "inference_engine_model_path=$WORK/model" \
+  inference_engine_served_model_name=tiny \
+  inference_engine_host=127.0.0.1 \
+  "inference_engine_port=$PORT" \
+  "__inference_engine_tensor_parallel_size=$NGPU" \
+  inference_engine_max_model_len=2048 \
+  inference_engine_gpu_memory_utilization=0.5 \
+  inference_engine_max_num_seqs=16 \
+  'inference_engine_extra_args=[--enforce-eager]' \
+  || fail "rendering the role's unit failed"
+mapfile -t ARGS < <("$PY" -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1]))))' \
+  "$OUT/inferfleet-engine.args.json")
 [ "${#ARGS[@]}" -gt 1 ] || fail "no serve arguments in the rendered unit"
 log "vllm serve ${ARGS[*]}"
 

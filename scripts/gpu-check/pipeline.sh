@@ -7,18 +7,19 @@
 #   scripts/gpu-check/pipeline.sh          (from the repository root, on a GPU machine)
 #
 # Steps: a fresh virtualenv (with --system-site-packages) + `pip install vllm==<role's
-# version>`; the tiny model; each rank's arguments (module_utils/engine_args.py
-# serve-args) and EnvironmentFile values (VLLM_HOST_IP, NCCL_SOCKET_IFNAME,
-# GLOO_SOCKET_IFNAME) from the role; both ranks pinned to their own GPUs (>= 2 GPUs:
-# halves, TP = GPUs per half; 1 GPU: both on GPU 0, TP 1, --gpu-memory-utilization 0.4
-# each); /health, /v1/models, a greedy completion; rank 1's established connection to
-# rank 0's master port (what the group watchdog relies on); then rank 1 is SIGKILLed and
-# rank 0's behaviour for 30 s is recorded (never fails the check); finally one
-# single-node server on one GPU must give the same greedy text as the pipeline.
+# version> ansible-core`; the tiny model; each rank's arguments (the words after `serve`
+# on the role's unit) and EnvironmentFile values (VLLM_HOST_IP, NCCL_SOCKET_IFNAME,
+# GLOO_SOCKET_IFNAME), rendered by Ansible from the role; both ranks pinned to their own
+# GPUs (>= 2 GPUs: halves, TP = GPUs per half; 1 GPU: both on GPU 0, TP 1,
+# --gpu-memory-utilization 0.4 each); /health, /v1/models, a greedy completion; rank 1's
+# established connection to rank 0's master port (what the group watchdog relies on);
+# then rank 1 is SIGKILLed and rank 0's behaviour for 30 s is recorded (never fails the
+# check); finally one single-node server on one GPU must give the same greedy text as
+# the pipeline.
 # Logs and a summary go to $OUT (or a temporary folder). Exit 0 only if all passed.
 #
 # Knobs (environment): VLLM_VERSION (default: the role's inference_engine_version),
-# CHECK_PYTHON (an interpreter that already has vLLM, jinja2 and PyYAML: skips the venv
+# CHECK_PYTHON (an interpreter that already has vLLM and ansible-core: skips the venv
 # and pip), PIP_INDEX_URL / PIP_FIND_LINKS (pip's own), PORT, MASTER_PORT, REF_PORT
 # (default: free ports), HEALTH_TIMEOUT (seconds for the group to answer, default 600),
 # DTYPE (default bfloat16, the tiny model's own).
@@ -130,26 +131,13 @@ COMMON=(
   'inference_engine_extra_args=[--enforce-eager]'
 )
 
-# render NAME VAR=YAML...: NAME.args.json (the words after `serve`, as the role's unit
-# has them) and NAME.env (the role's EnvironmentFile values, one KEY=VALUE a line).
+# render NAME VAR=YAML...: NAME.service (the role's unit), NAME.args.json (the words after
+# `serve` on its ExecStart) and NAME.env (the role's EnvironmentFile values, one KEY=VALUE
+# a line), rendered by Ansible (render_engine, scripts/gpu-check/common.sh).
 render() {
-  local name=$1 item
+  local name=$1
   shift
-  local sets=()
-  for item in "$@"; do sets+=(--set "$item"); done
-  "$PY" -m "$ENGINE_ARGS" serve-args "${sets[@]}" > "$OUT/$name.args.json" \
-    || fail "rendering $name's serve arguments failed"
-  "$PY" - "$@" > "$OUT/$name.env" <<'EOF' || fail "rendering $name's environment failed"
-import sys
-import yaml
-from ansible_collections.inferfleet.fleet.plugins.module_utils.engine_args import environment, role_vars
-overrides = {}
-for item in sys.argv[1:]:
-    key, _, value = item.partition("=")
-    overrides[key] = yaml.safe_load(value) if value else ""
-for key, value in environment(role_vars(overrides)["_inference_engine_settings"]).items():
-    print(f"{key}={value}")
-EOF
+  render_engine "$OUT/$name" "$@" || fail "rendering $name's unit and environment failed"
 }
 
 for R in 0 1; do

