@@ -5,6 +5,10 @@ The collection is a Python namespace package too (`ansible_collections.inferflee
 a built wheel carries it in site-packages, a checkout's virtualenv links the checkout
 there (scripts/setup.sh). Run records and fleet locks live beside the checkout (runs/)
 or, for an installed CLI, under $XDG_STATE_HOME/inferfleet.
+
+The lab runs on the checkout's inventories/lab. An installed CLI runs it on a copy under
+the state dir, which `inferfleet lab up` makes on first use from the one the wheel carries
+(LAB_INVENTORY_SHIPPED: setup.py copies inventories/lab there) and `lab down` removes.
 """
 
 from __future__ import annotations
@@ -32,3 +36,4 @@ CHECKOUT = COLLECTION.resolve() if (COLLECTION / "src" / "inferfleet").is_dir() 
 STATE = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "inferfleet"
 RUNS_DIR = Path(os.environ.get("INFERFLEET_RUNS_DIR") or (CHECKOUT or STATE) / "runs")
 LAB_INVENTORY = (CHECKOUT / "inventories" / "lab") if CHECKOUT else STATE / "lab"
+LAB_INVENTORY_SHIPPED = None if CHECKOUT else Path(__file__).parent / "lab" / "inventory"

@@ -1,10 +1,15 @@
 """The product as an operator installs it. The collection tarball and the wheel are built
-from this tree, then installed into a fresh virtualenv and a fresh collections path in a
-folder outside the checkout, with the source tree on no path. An operator's own playbook,
-written there, uses the collection's role and module by FQCN against a lab container; the
-same install runs `inferfleet --help`, `inferfleet plan` and `inferfleet deploy`: site.yml
-from the installed collection, vLLM's CPU build behind HAProxy, ending with a completion
-through the load balancer.
+from this tree, then installed (the wheel with its [lab] extra) into a fresh virtualenv
+and a fresh collections path in a folder outside the checkout, with the source tree on no
+path. The installed CLI answers `--help` and `plan`, and brings up the lab from the
+inventory its wheel carries: `inferfleet lab up --no-deploy` starts SeaweedFS with the
+tiny model and the hosts, an operator's own playbook, written there, uses the
+collection's role and module by FQCN on a node, `inferfleet lab up` runs site.yml from the
+installed collection (vLLM's CPU build behind HAProxy), the curl line it prints gets a
+completion through the load balancer, and `inferfleet lab down` removes it all.
+
+The lab's containers are those of tests/integration/test_lab_cli.py (the lab has one set
+of names, in its inventory): scripts/test.sh runs the two one after the other.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,9 +27,7 @@ import yaml
 
 pytestmark = pytest.mark.lab
 
-LAB = "inferfleet-install"
-NODE = f"{LAB}-node1"
-BALANCER = f"{LAB}-lb"
+LAB_LABEL = "inferfleet.lab=inferfleet-lab"  # what `inferfleet lab` labels its containers with
 
 
 def run(cmd: list, cwd: Path, env: dict | None = None, timeout: int = 900):
@@ -56,14 +60,16 @@ def installed(tmp_path_factory, repo_root, venv_bin) -> dict:
         "ANSIBLE_COLLECTIONS_PATH": str(work / "collections"),
         "ANSIBLE_NOCOLOR": "1",
         "INFERFLEET_RUNS_DIR": str(work / "runs"),
+        "XDG_STATE_HOME": str(work / "state"),
     }
     for key in ("PIP_FIND_LINKS", "PIP_CERT", "SSL_CERT_FILE", "DOCKER_HOST"):
         if key in os.environ:
             env[key] = os.environ[key]
-    run([work / "venv" / "bin" / "pip", "install", "--quiet", wheel], cwd=work, env=env)
+    run([work / "venv" / "bin" / "pip", "install", "--quiet", f"{wheel}[lab]"], cwd=work, env=env)
     run([work / "venv" / "bin" / "ansible-galaxy", "collection", "install", "--offline", "--force",
          "-p", work / "collections", tarball], cwd=work, env=env)
-    return {"work": work, "env": env, "bin": work / "venv" / "bin", "tarball": tarball}
+    return {"work": work, "env": env, "bin": work / "venv" / "bin", "wheel": wheel,
+            "lab_inventory": work / "state" / "inferfleet" / "lab"}
 
 
 def test_nothing_of_the_checkout_is_on_a_path(installed, repo_root):
@@ -99,71 +105,28 @@ def test_the_cli_answers_help_and_plan(installed, repo_root):
     assert json.loads(planned)["decision"] == "replicated"
 
 
-@pytest.fixture(scope="module")
-def lab_hosts(installed, node_image, wheelhouse, tmp_path_factory):
-    """SeaweedFS with the tiny model, an engine node and a load balancer, as containers."""
-    from inferfleet.lab import fleet, services
-
-    services.down(LAB)
-    lab = services.up(LAB, node_image)
-    services.publish_tiny(lab, "inferfleet", "models", "tiny-llama", "v1", seed=1,
-                          workdir=tmp_path_factory.mktemp("tiny"))
-    fleet.create(LAB, lab.network, node_image, [NODE, BALANCER], wheelhouse)
-    yield lab
-    services.down(LAB)
+def test_the_wheel_carries_the_lab_inventory_as_committed(installed, repo_root):
+    tracked = run(["git", "ls-files", "inventories/lab"], cwd=repo_root).stdout.split()
+    with zipfile.ZipFile(installed["wheel"]) as wheel:
+        shipped = [n for n in wheel.namelist() if n.startswith("inferfleet/lab/inventory/")]
+    assert sorted(n.replace("inferfleet/lab/inventory/", "inventories/lab/") for n in shipped) \
+        == sorted(tracked)
 
 
-def write_inventory(installed: dict, lab) -> Path:
-    inventory = installed["work"] / "inventory.yml"
-    inventory.write_text(yaml.safe_dump({"all": {
-        "vars": {
-            "ansible_connection": "community.docker.docker",
-            "ansible_python_interpreter": "/usr/bin/python3",
-            "inferfleet_accelerator": "cpu",
-            "inferfleet_model_name": "tiny-llama",
-            "inferfleet_model_version": "v1",
-            "model_sync_s3_endpoint": lab.s3_endpoint_nodes,
-            "model_sync_s3_bucket": "inferfleet",
-            "model_sync_s3_prefix": "models",
-            "model_sync_s3_access_key": lab.access_key,
-            "model_sync_s3_secret_key": lab.secret_key,
-            "model_sync_min_free_mb": 256,
-            "inference_engine_pip_find_links": "/opt/inferfleet/wheelhouse",
-            "inference_engine_cpu_kvcache_space": 1,
-            "inference_engine_max_model_len": 1024,
-            "inference_engine_dtype": "float16",
-            "inference_engine_max_num_seqs": 4,
-            "inference_engine_extra_args": ["--enforce-eager"],
-            "inference_engine_extra_env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                                           "OMP_NUM_THREADS": "1"},
-            "load_balancer_port": 8080,
-            "inference_engine_api_key": "sk-install-engine-0123456789",
-            "load_balancer_api_keys": [{"id": "op", "key": "sk-install-client-0123456789"}],
-            "load_balancer_backend_api_key": "sk-install-engine-0123456789",
-            "firewall_enabled": False,
-        },
-        "children": {
-            "inference": {"hosts": {NODE: None}},
-            "loadbalancers": {"hosts": {BALANCER: None}},
-        },
-    }}))
-    return inventory
-
-
-OPERATOR_PLAYBOOK = f"""\
+OPERATOR_PLAYBOOK = """\
 - name: Weights on the node with the collection's role, then its module by FQCN
-  hosts: {NODE}
+  hosts: {node}
   gather_facts: false
   roles:
     - role: inferfleet.fleet.model_sync
   tasks:
     - name: The same version again through the module itself changes nothing
       inferfleet.fleet.model_sync:
-        name: tiny-llama
-        version: v1
+        name: "{{{{ inferfleet_model_name }}}}"
+        version: "{{{{ inferfleet_model_version }}}}"
         s3_endpoint: "{{{{ model_sync_s3_endpoint }}}}"
-        s3_bucket: inferfleet
-        s3_prefix: models
+        s3_bucket: "{{{{ model_sync_s3_bucket }}}}"
+        s3_prefix: "{{{{ model_sync_s3_prefix }}}}"
         access_key: "{{{{ model_sync_s3_access_key }}}}"
         secret_key: "{{{{ model_sync_s3_secret_key }}}}"
         cache_root: /var/lib/inferfleet/models
@@ -177,32 +140,57 @@ OPERATOR_PLAYBOOK = f"""\
 """
 
 
-def test_an_operators_playbook_and_a_life_cycle_command(installed, lab_hosts):
-    inventory = write_inventory(installed, lab_hosts)
+def operators_playbook(installed: dict, inventory: Path, node: str) -> dict:
+    """Run the operator's playbook on `node`; return its Report."""
     playbook = installed["work"] / "weights.yml"
-    playbook.write_text(OPERATOR_PLAYBOOK)
+    playbook.write_text(OPERATOR_PLAYBOOK.format(node=node))
     env = dict(installed["env"], ANSIBLE_STDOUT_CALLBACK="json")
     played = run([installed["bin"] / "ansible-playbook", "-i", inventory, playbook],
                  cwd=installed["work"], env=env)
     results = json.loads(played.stdout)
-    report = next(t["hosts"][NODE]["msg"] for t in results["plays"][0]["tasks"]
+    report = next(t["hosts"][node]["msg"] for t in results["plays"][0]["tasks"]
                   if t["task"]["name"] == "Report")
-    report = json.loads(report) if isinstance(report, str) else report
-    assert report["path"] == "/var/lib/inferfleet/models/tiny-llama/current"
-    assert report["digest"].startswith("sha256:")
-    assert report["again"] is False
+    return json.loads(report) if isinstance(report, str) else report
 
-    # the life-cycle playbooks are collection playbooks, from the operator's collections path
-    checked = run([installed["bin"] / "ansible-playbook", "-i", inventory,
-                   "inferfleet.fleet.site", "--syntax-check"], cwd=installed["work"],
-                  env=installed["env"]).stdout
-    assert f"playbook: {installed['work'] / 'collections'}" in checked
 
-    # site.yml's last play asks the load balancer for a completion: rc 0 means it answered
-    run([installed["bin"] / "inferfleet", "deploy", "-i", inventory],
-        cwd=installed["work"], env=installed["env"], timeout=1200)
-    records = list((installed["work"] / "runs").glob("*/record.json"))
-    assert len(records) == 1
-    record = json.loads(records[0].read_text())
-    assert (record["playbook"], record["check"], record["rc"]) == ("site.yml", False, 0)
-    assert record["stats"]["ok"][BALANCER] > 0
+def labelled(kind: str) -> list[str]:
+    return subprocess.run(["docker", kind, "ls", "-q", "--filter", f"label={LAB_LABEL}"],
+                          capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_the_installed_cli_runs_the_lab(installed, node_image, wheelhouse):
+    """node_image and wheelhouse: built under the suite's locks, found by `lab up`."""
+    cli, work, env = installed["bin"] / "inferfleet", installed["work"], installed["env"]
+    inventory = installed["lab_inventory"]
+    try:
+        run([cli, "lab", "up", "--no-deploy"], cwd=work, env=env)
+        groups = yaml.safe_load((inventory / "hosts.yml").read_text())["all"]["children"]
+        node, balancer = next(iter(groups["inference"]["hosts"])), \
+            next(iter(groups["loadbalancers"]["hosts"]))
+        report = operators_playbook(installed, inventory, node)
+        assert report["path"] == "/var/lib/inferfleet/models/tiny-llama/current"
+        assert report["digest"].startswith("sha256:")
+        assert report["again"] is False
+
+        # the life-cycle playbooks are collection playbooks, from the operator's collections
+        checked = run([installed["bin"] / "ansible-playbook", "-i", inventory,
+                       "inferfleet.fleet.site", "--syntax-check"], cwd=work, env=env).stdout
+        assert f"playbook: {work / 'collections'}" in checked
+
+        up = run([cli, "lab", "up"], cwd=work, env=env, timeout=1200).stdout
+        curl = next(line for line in up.splitlines() if line.startswith("curl -s http://"))
+        answer = json.loads(run(["bash", "-c", curl], cwd=work, env=env, timeout=120).stdout)
+        assert answer["object"] == "text_completion" and "text" in answer["choices"][0], answer
+        (record,) = [json.loads(p.read_text()) for p in (work / "runs").glob("*/record.json")]
+        assert (record["command"], record["playbook"], record["rc"]) == ("lab up", "site.yml", 0)
+        assert record["inventory"] == str(inventory)
+        assert record["stats"]["ok"][balancer] > 0
+
+        status = run([cli, "lab", "status"], cwd=work, env=env).stdout
+        assert node in status and balancer in status
+    finally:
+        down = subprocess.run([cli, "lab", "down"], cwd=work, env=env, capture_output=True,
+                              text=True, timeout=300)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert labelled("container") == [] and labelled("network") == []
+    assert not inventory.exists()

