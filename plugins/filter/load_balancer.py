@@ -13,15 +13,17 @@ import csv
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import (
+    InventoryError,
+    whole_number,
+)
 
 
 def _int(host: str, name: str, value) -> int:
     try:
-        return int(value)
-    except (TypeError, ValueError) as err:
-        raise AnsibleFilterError(
-            f"{host}: {name} must be a whole number, not {value!r}: fix it in the inventory"
-        ) from err
+        return whole_number(host, name, value)
+    except InventoryError as err:
+        raise AnsibleFilterError(str(err)) from err
 
 
 def load_balancer_servers(instances: Mapping, hostvars: Mapping, defaults: Mapping) -> list:

@@ -20,6 +20,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import (
     InventoryError,
     instances,
+    whole_number,
 )
 
 JOBS = ("engine", "loadbalancer", "node", "dcgm")
@@ -32,11 +33,9 @@ def _hv(hostvars: Mapping, host: str) -> Mapping:
 
 def _int(host: str, name: str, value) -> int:
     try:
-        return int(value)
-    except (TypeError, ValueError) as err:
-        raise AnsibleFilterError(
-            f"{host}: {name} must be a whole number, not {value!r}: fix it in the inventory"
-        ) from err
+        return whole_number(host, name, value)
+    except InventoryError as err:
+        raise AnsibleFilterError(str(err)) from err
 
 
 def _address(host: str, hv: Mapping) -> str:

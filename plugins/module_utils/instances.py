@@ -15,6 +15,16 @@ class InventoryError(ValueError):
     """The inventory cannot work; the message says what to change."""
 
 
+def whole_number(host: str, name: str, value) -> int:
+    """`value`, a host's setting `name`, as an int; InventoryError naming both if not."""
+    try:
+        return int(value)
+    except (TypeError, ValueError) as err:
+        raise InventoryError(
+            f"{host}: {name} must be a whole number, not {value!r}: fix it in the inventory"
+        ) from err
+
+
 def instances(hosts: Sequence[str], hostvars: Mapping[str, Mapping]) -> dict[str, list[str]]:
     """Map each instance name to its member hosts in rank order; raise on a bad inventory."""
     if not hosts:
