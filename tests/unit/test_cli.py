@@ -228,6 +228,10 @@ def test_rollout_batch_options_are_checked_before_any_run(tmp_path, runs_dir, ar
     "command, playbook",
     [
         (["rollout", "--version", "v2", "--serial", "2"], "rolling_update.yml"),
+        (
+            ["rollout", "-e", "inference_engine_max_num_seqs=6", "--from-inventory"],
+            "rolling_update.yml",
+        ),
         (["rollback"], "rollback.yml"),
     ],
 )
@@ -250,6 +254,12 @@ def test_rollout_and_rollback_run_their_playbook_and_record_the_batch(
     assert record["extra_vars"]["rollout_max_fail_percentage"] == 0
     if "--version" in command:
         assert record["extra_vars"]["inferfleet_model_version"] == "v2"
+    if command[0] == "rollout":
+        # What the nodes record as their release: what was given, not the batch options.
+        given = ["inferfleet_model_version"] if "--version" in command else []
+        given += ["inference_engine_max_num_seqs"] if "-e" in command else []
+        assert record["extra_vars"]["rollout_release_vars"] == given
+        assert record["extra_vars"]["rollout_release_reset"] == ("--from-inventory" in command)
 
 
 @pytest.mark.parametrize("version", ["current", "v/2", "_v2", ""])

@@ -41,11 +41,19 @@ def _batch_vars(serial: int, max_fail_percentage: int) -> dict:
     return {"rollout_serial": serial, "rollout_max_fail_percentage": max_fail_percentage}
 
 
-def _served_everywhere(version: str | None) -> None:
-    if version is not None:
+def _release_vars(extra_vars: dict) -> dict:
+    """What the nodes record as their release: the variables given on the command line
+    (the model version and engine settings), not the rollout's own options."""
+    names = sorted(k for k in extra_vars if not k.startswith("rollout_"))
+    return {"rollout_release_vars": names}
+
+
+def _released(names: list[str]) -> None:
+    if names:
         console.print(
-            f"every instance serves {version}: set inferfleet_model_version: {version} in the "
-            "inventory, or the next deploy rolls it back"
+            f"the fleet records {', '.join(names)} as its release: later deploys, scales and "
+            "rollouts keep these values over the inventory's until a rollout changes them "
+            "(write them into the inventory to keep the two alike)"
         )
 
 
@@ -239,6 +247,11 @@ def rollout(
         1.5, help="The canary's p50 and p95 may be at most this many times the old ones."
     ),
     min_requests: int = typer.Option(5, help="Requests the canary must serve for a verdict."),
+    from_inventory: bool = typer.Option(
+        False,
+        "--from-inventory",
+        help="Roll the inventory's values for what earlier rollouts recorded as the release.",
+    ),
 ) -> None:
     """Roll a model version, engine version or engine settings out, instance by instance:
     pre-fetch everywhere, then drain, switch, wait until ready, re-enable. A failed
@@ -246,6 +259,8 @@ def rollout(
     extra_vars = parse_extra_vars(extra) | _batch_vars(serial, max_fail_percentage)
     if version is not None:
         extra_vars["inferfleet_model_version"] = version
+    extra_vars |= _release_vars(extra_vars) | {"rollout_release_reset": from_inventory}
+    released = extra_vars["rollout_release_vars"]
     path = resolve_inventory(inventory)
     if canary:
         if not 0 < canary_share < 100:
@@ -277,7 +292,7 @@ def rollout(
             canary_requests,
             canary_load,
         )
-        _served_everywhere(version)
+        _released(released)
         raise typer.Exit(0)
     result = run_playbook(
         "rollout",
@@ -288,7 +303,7 @@ def rollout(
     )
     print_summary(result)
     if result.rc == 0:
-        _served_everywhere(version)
+        _released(released)
     raise typer.Exit(result.rc)
 
 
@@ -311,7 +326,7 @@ def rollback(
     print_summary(result)
     if result.rc == 0:
         console.print(
-            "rolled back: set inferfleet_model_version (and any engine setting you changed) "
-            "back in the inventory, or the next deploy rolls forward again"
+            "rolled back: each node runs the release it ran before, and later deploys keep it "
+            "(as recorded then, or as deployed from the inventory)"
         )
     raise typer.Exit(result.rc)
