@@ -121,6 +121,15 @@ def alert_line(alert: dict) -> str:
     return f"{alert['alert']} ({alert['severity']}) {where}".rstrip()
 
 
+def held_line(host: str, service: str) -> str:
+    """What to do about an engine that systemd's crash-loop guard holds."""
+    return (
+        f"{host}: systemd gave up restarting {service} (it failed too often within its start "
+        f"limit interval). Find the cause with `journalctl -u {service}` on the node, then "
+        f"`inferfleet deploy` starts it again (or `systemctl reset-failed {service}` there)"
+    )
+
+
 def _figure(value: float | None, form: str) -> str:
     return "-" if value is None else form.format(value)
 
@@ -248,6 +257,8 @@ def status(
                 "rank": msg["instance"]["rank"],
                 "host": host,
                 "unit": msg["unit"],
+                "start_limit_hit": bool(msg.get("start_limit_hit")),
+                "service": msg.get("service", ""),
                 "healthy": bool(msg["healthy"]),
                 "model_version": msg["model_version"],
                 "manifest_digest": msg["manifest_digest"],
@@ -282,6 +293,9 @@ def status(
                 f"alerts firing (Prometheus on {prom['host']}): "
                 + ("; ".join(firing) if firing else "none")
             )
+        for r in rows:
+            if r["start_limit_hit"]:
+                console.print(f"[red]{held_line(r['host'], r['service'])}[/]", soft_wrap=True)
         for failure in result.failures:
             console.print(f"[red]{failure}[/]")
     raise typer.Exit(result.rc)
