@@ -48,6 +48,7 @@ class Fleet:
     weight: int = 100  # each backend's configured weight (load_balancer_backend_weight)
     slowstart: float = 60.0  # seconds a returning backend ramps up (load_balancer_slowstart)
     max_num_seqs: int = 256  # requests an engine runs at once (vLLM's default when unset)
+    ca: str = ""  # the CA clients trust for the TLS listeners (load_balancer_tls_ca_certificate)
 
     @property
     def serving(self) -> list[Node]:
@@ -99,7 +100,10 @@ def load(inventory: Path) -> Fleet:
     for host in inv.get_groups_dict().get("loadbalancers", []):
         lb_vars = {**defaults, **hostvars(host)}
         address = lb_vars.get("inferfleet_address") or lb_vars.get("ansible_host") or host
-        balancers.append(f"http://{address}:{lb_vars['load_balancer_port']}")
+        # With TLS the certificate must carry this address (or the name it holds).
+        tls = lb_vars.get("load_balancer_tls_certificate") and lb_vars.get("load_balancer_tls_key")
+        scheme = "https" if tls else "http"
+        balancers.append(f"{scheme}://{address}:{lb_vars['load_balancer_port']}")
         admin.append(f"http://{address}:{lb_vars['load_balancer_admin_port']}")
     first = hv[engine_hosts[0]] if engine_hosts else {}
     keys = lb_vars.get("load_balancer_api_keys") or []
@@ -117,4 +121,5 @@ def load(inventory: Path) -> Fleet:
         weight=int(lb_vars["load_balancer_backend_weight"]),
         slowstart=duration(lb_vars["load_balancer_slowstart"]),
         max_num_seqs=int(first.get("inference_engine_max_num_seqs") or 256),
+        ca=str(lb_vars.get("load_balancer_tls_ca_certificate") or ""),
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import ssl
 import threading
 import time
 import urllib.error
@@ -20,6 +21,17 @@ from dataclasses import dataclass, field
 PROMPT = "The load balancer spreads"
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)")
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+# The CAs an HTTPS load balancer is verified against: the system's, or the fleet's own
+# (load_balancer_tls_ca_certificate) once trust() is given it.
+_TLS = ssl.create_default_context()
+
+
+def trust(ca_pem: str) -> None:
+    """Verify HTTPS answers against this CA (PEM) from now on; "" keeps the system's."""
+    global _TLS
+    _TLS = ssl.create_default_context(cadata=ca_pem.strip() or None)
 
 
 @dataclass
@@ -38,7 +50,7 @@ def post_json(url: str, body: dict, key: str | None, timeout: float = 120.0) -> 
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     started = time.monotonic()
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=_TLS) as resp:
             data = json.load(resp)
             return Call(
                 True, resp.status, time.monotonic() - started, text=data["choices"][0]["text"]
@@ -63,7 +75,7 @@ def complete(
 def get(url: str, key: str | None = None, timeout: float = 10.0) -> tuple[int, str]:
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=_TLS) as resp:
             return resp.status, resp.read().decode(errors="replace")
     except urllib.error.HTTPError as err:
         return err.code, ""

@@ -1,22 +1,26 @@
-"""The operator's path on the real lab: `lab up` -> `status` -> `verify --failover` ->
+"""The operator's path on the real lab, with TLS on: `lab up --tls` -> a client (the
+openai SDK, trusting the lab's CA) -> `status` -> `verify --failover` (over HTTPS) ->
 `lab down`.
 
-Two vLLM CPU engines behind HAProxy, deployed by site.yml through the CLI; afterwards
-nothing the lab made is left (containers, networks, generated inventory files).
+Two vLLM CPU engines behind HAProxy, deployed by site.yml through the CLI (its last play
+asks for a completion over HTTPS, verifying the certificate); plain HTTP is refused;
+afterwards nothing the lab made is left (containers, networks, generated inventory files).
 """
 
 import json
 import os
+import ssl
 import subprocess
 import time
 from pathlib import Path
 
+import openai
 import pytest
 import yaml
 
 pytestmark = pytest.mark.lab
 
-GENERATED = ["host_vars/inferfleet-lab-node1.yml", "group_vars/all/secrets.yml"]
+GENERATED = ["host_vars/inferfleet-lab-node1.yml", "group_vars/all/secrets.yml", "state"]
 
 
 def _cli(venv_bin, repo_root, *args, timeout=1200):
@@ -91,9 +95,36 @@ def test_lab_up_status_verify_down(node_image, wheelhouse, repo_root, venv_bin):
     inventory = repo_root / "inventories" / "lab"
     started = time.time()
     try:
-        up = _cli(venv_bin, repo_root, "lab", "up")
+        up = _cli(venv_bin, repo_root, "lab", "up", "--tls")
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-2000:]
-        assert "curl -s http://" in up.stdout and "Authorization: Bearer sk-lab-" in up.stdout
+        ca = inventory / "state" / "ca.pem"
+        assert f"curl -s --cacert {ca} https://" in up.stdout
+        assert "Authorization: Bearer sk-lab-" in up.stdout
+        values = yaml.safe_load((inventory / "group_vars" / "all" / "secrets.yml").read_text())
+        lb = yaml.safe_load((inventory / "host_vars" / "inferfleet-lab-lb.yml").read_text())
+        endpoint = f"{lb['inferfleet_address']}:8080"
+
+        # A client as the README shows it: the openai SDK, trusting the lab's CA.
+        client = openai.OpenAI(
+            base_url=f"https://{endpoint}/v1",
+            api_key=values["inferfleet_lab_api_key"],
+            http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=ca)),
+        )
+        answer = client.completions.create(
+            model="tiny-llama", prompt="Hello, fleet", max_tokens=8, temperature=0
+        )
+        assert answer.choices[0].text, answer
+        # Without the lab's CA the certificate does not verify; plain HTTP gets no answer.
+        with pytest.raises(openai.APIConnectionError):
+            openai.OpenAI(
+                base_url=f"https://{endpoint}/v1", api_key="x", max_retries=0
+            ).models.list()
+        plain = subprocess.run(
+            ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"http://{endpoint}/v1/models"],
+            capture_output=True,
+            text=True,
+        )
+        assert not plain.stdout.startswith("2"), plain
 
         status = _cli(venv_bin, repo_root, "status", "--json", timeout=300)
         assert status.returncode == 0, status.stdout + status.stderr
@@ -132,7 +163,13 @@ def test_lab_up_status_verify_down(node_image, wheelhouse, repo_root, venv_bin):
         secrets_file = inventory / "group_vars" / "all" / "secrets.yml"
         assert secrets_file.stat().st_mode & 0o777 == 0o600
         values = yaml.safe_load(secrets_file.read_text())
-        secrets = [v for k, v in values.items() if k != "inferfleet_lab_s3_access_key"]
+        public = {
+            "inferfleet_lab_s3_access_key",
+            "inferfleet_lab_tls_ca",
+            "inferfleet_lab_tls_certificate",
+        }
+        secrets = [v for k, v in values.items() if k not in public]
+        assert "inferfleet_lab_tls_key" in values
         runs = Path(os.environ.get("INFERFLEET_RUNS_DIR", repo_root / "runs"))
         assert secret_leaks(secrets, runs, started) == []
     finally:

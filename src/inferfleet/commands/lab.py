@@ -31,12 +31,15 @@ def lab_vars() -> dict:
     return yaml.safe_load((LAB_INVENTORY / "group_vars" / "all" / "lab.yml").read_text())
 
 
-def curl_example(lb_address: str, port: int, key: str, model: str) -> str:
+def curl_example(
+    lb_address: str, port: int, key: str, model: str, ca: Path | None = None
+) -> str:
     body = json.dumps(
         {"model": model, "prompt": "Hello, fleet", "max_tokens": 16, "temperature": 0}
     )
+    scheme = f"--cacert {shlex.quote(str(ca))} https" if ca else "http"
     return (
-        f"curl -s http://{lb_address}:{port}/v1/completions "
+        f"curl -s {scheme}://{lb_address}:{port}/v1/completions "
         f"-H {shlex.quote('Authorization: Bearer ' + key)} "
         f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
     )
@@ -69,7 +72,12 @@ def require_lab() -> None:
 
 
 @app.command()
-def up(deploy: bool = typer.Option(True, help="Run site.yml once the hosts are up.")) -> None:
+def up(
+    deploy: bool = typer.Option(True, help="Run site.yml once the hosts are up."),
+    tls: bool = typer.Option(
+        False, "--tls", help="Serve HTTPS only, with a certificate from a lab CA of its own."
+    ),
+) -> None:
     """Build the lab and deploy the tiny model on it; print a working endpoint."""
     from inferfleet.lab.wheelhouse import ensure_wheelhouse
 
@@ -89,7 +97,12 @@ def up(deploy: bool = typer.Option(True, help="Run site.yml once the hosts are u
     groups = fleet.inventory_hosts(LAB_INVENTORY)
     hosts = [h for members in groups.values() for h in members]
     fleet.create(LAB_NAME, lab.network, image, hosts, wheelhouse)
-    state = fleet.write_state(LAB_INVENTORY, {h: fleet.address(h, lab.network) for h in hosts})
+    lb = groups["loadbalancers"][0]
+    state = fleet.write_state(
+        LAB_INVENTORY,
+        {h: fleet.address(h, lab.network) for h in hosts},
+        tls_host=lb if tls else None,
+    )
     console.print(f"lab hosts up: {', '.join(hosts)}")
     if not deploy:
         return
@@ -97,7 +110,6 @@ def up(deploy: bool = typer.Option(True, help="Run site.yml once the hosts are u
     print_summary(result)
     if result.rc:
         raise typer.Exit(result.rc)
-    lb = groups["loadbalancers"][0]
     console.print("\n[bold green]The lab serves.[/] Try:\n")
     console.print(
         curl_example(
@@ -105,6 +117,7 @@ def up(deploy: bool = typer.Option(True, help="Run site.yml once the hosts are u
             settings["load_balancer_port"],
             state["inferfleet_lab_api_key"],
             settings["inferfleet_model_name"],
+            LAB_INVENTORY / "state" / "ca.pem" if tls else None,
         ),
         soft_wrap=True,
         highlight=False,

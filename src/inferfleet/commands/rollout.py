@@ -5,6 +5,7 @@ compares it with the old release before the rest follow (or it is rolled back)."
 
 from __future__ import annotations
 
+import ssl
 import time
 from pathlib import Path
 
@@ -106,6 +107,10 @@ def _canary(
         fleet = fleet_mod.load(inventory)
     except Exception as err:  # noqa: BLE001 (one line for a person, not a traceback)
         fail(f"cannot read the inventory: {err}")
+    try:
+        v.trust(fleet.ca)
+    except ssl.SSLError as err:
+        fail(f"load_balancer_tls_ca_certificate is not a PEM certificate: {err}")
     if len(fleet.serving) < 2:
         fail("--canary needs two instances or more: one to try the release, one to compare with")
     if not fleet.balancers:

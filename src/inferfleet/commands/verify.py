@@ -6,6 +6,7 @@ stopped and started under load."""
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from pathlib import Path
@@ -135,6 +136,10 @@ def verify(
         fleet = fleet_mod.load(path)
     except Exception as err:  # noqa: BLE001 (one line for a person, not a traceback)
         fail(f"cannot read the inventory: {err}")
+    try:
+        v.trust(fleet.ca)
+    except ssl.SSLError as err:
+        fail(f"load_balancer_tls_ca_certificate is not a PEM certificate: {err}")
     if not fleet.balancers:
         fail("the inventory has no `loadbalancers` host: verify needs one")
     target = None

@@ -2,17 +2,20 @@
 
 `create` starts what is missing (and reuses what runs), `addresses` reads their
 addresses back, and `write_state` writes the generated parts of the inventory:
-host_vars/ with each host's address, group_vars/all/secrets.yml (mode 0600) with keys.
+host_vars/ with each host's address, group_vars/all/secrets.yml (mode 0600) with keys
+(and, for `lab up --tls`, the load balancer's certificate), state/ca.pem the lab's CA.
 """
 
 from __future__ import annotations
 
 import secrets
+import shutil
 import subprocess
 from pathlib import Path
 
 import yaml
 
+from inferfleet.lab import tls
 from inferfleet.lab.services import LABEL, S3_ACCESS_KEY, S3_SECRET_KEY
 
 SYSTEMD_FLAGS = [
@@ -78,8 +81,12 @@ def address(host: str, network: str) -> str:
     ).stdout.strip()
 
 
-def write_state(inventory: Path, addresses: dict[str, str]) -> dict:
-    """Write host_vars and (once) the secrets file; return the secrets."""
+def write_state(
+    inventory: Path, addresses: dict[str, str], tls_host: str | None = None
+) -> dict:
+    """Write host_vars and (once) the secrets file; return the secrets. With `tls_host`
+    (the load balancer), the secrets hold a certificate for it from a lab CA of their own
+    (kept while the lab lives), and state/ca.pem that CA for clients; without, neither."""
     host_vars = inventory / "host_vars"
     host_vars.mkdir(exist_ok=True)
     for host, addr in addresses.items():
@@ -87,15 +94,24 @@ def write_state(inventory: Path, addresses: dict[str, str]) -> dict:
             "---\n# written by `inferfleet lab up`\n" + yaml.safe_dump({"inferfleet_address": addr})
         )
     secrets_file = inventory / "group_vars" / "all" / "secrets.yml"
-    if secrets_file.exists():
-        return yaml.safe_load(secrets_file.read_text())
-    values = {
+    values = yaml.safe_load(secrets_file.read_text()) if secrets_file.exists() else {
         "inferfleet_lab_api_key": "sk-lab-" + secrets.token_urlsafe(24),
         "inferfleet_lab_engine_key": "sk-engine-" + secrets.token_urlsafe(24),
         "inferfleet_lab_s3_access_key": S3_ACCESS_KEY,
         "inferfleet_lab_s3_secret_key": S3_SECRET_KEY,
     }
+    ca_file = inventory / "state" / "ca.pem"
+    if tls_host is None:
+        values = {k: v for k, v in values.items() if not k.startswith("inferfleet_lab_tls_")}
+        ca_file.unlink(missing_ok=True)
+    elif "inferfleet_lab_tls_key" not in values:
+        issued = tls.issue(tls_host, addresses[tls_host])
+        values |= {f"inferfleet_lab_tls_{k}": v for k, v in issued.items()}
+    if tls_host is not None:
+        ca_file.parent.mkdir(exist_ok=True)
+        ca_file.write_text(values["inferfleet_lab_tls_ca"])
     secrets_file.touch(mode=0o600)
+    secrets_file.chmod(0o600)
     secrets_file.write_text(
         "---\n# written by `inferfleet lab up`; never commit\n" + yaml.safe_dump(values)
     )
@@ -106,6 +122,7 @@ def remove_state(inventory: Path) -> None:
     for path in (inventory / "host_vars").glob("*.yml"):
         path.unlink()
     (inventory / "group_vars" / "all" / "secrets.yml").unlink(missing_ok=True)
+    shutil.rmtree(inventory / "state", ignore_errors=True)
 
 
 if __name__ == "__main__":
