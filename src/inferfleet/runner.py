@@ -57,6 +57,33 @@ ENV_PREFIXES = ("ANSIBLE_", "AWS_", "INFERFLEET_")
 SECRET_KEY = re.compile(r"(key|secret|password|token|credential)", re.IGNORECASE)
 
 OK, HOST_FAILED, UNREACHABLE, PREFLIGHT_REFUSED, CANARY_REGRESSED, CANCELLED = 0, 2, 3, 4, 5, 130
+LOCKED = 6  # another operation holds the fleet's lock (playbooks/lock.yml)
+
+
+@dataclass
+class FleetLock:
+    """The fleet's lock as this CLI process holds it for one command: every playbook it
+    runs meanwhile takes the lock under this token (so they hold it already)."""
+
+    token: str
+    holder: dict
+    force: bool = False  # --force-unlock: the first playbook breaks whoever holds it
+    taken: bool = False  # a playbook took it (so there is one to release)
+
+
+HELD: FleetLock | None = None  # set by commands.common.holding_fleet_lock
+
+
+def holder(command: str) -> dict:
+    """Who this CLI process is, as the fleet's lock shows it to whoever it refuses; its
+    controller, boot id and pid let a later run here tell a lock whose process is gone."""
+    import getpass
+
+    from ansible_collections.inferfleet.fleet.plugins.module_utils import fleet_lock
+
+    return {"user": getpass.getuser(), "command": f"inferfleet {command}"} | (
+        fleet_lock.this_controller(os.getpid())
+    )
 
 
 def mask(value, key: str = ""):
@@ -216,7 +243,44 @@ def run_playbook(
     diff: bool = False,
     console: Console | None = None,
 ) -> RunResult:
-    """Run `playbooks/<playbook>` against `inventory` and keep a record of it."""
+    """Run `playbooks/<playbook>` against `inventory` and keep a record of it. The
+    playbook takes the fleet's lock (playbooks/lock.yml) as this process holds it (HELD),
+    or for this run alone; another holder refuses the run (rc LOCKED)."""
+    if HELD is not None:
+        lock_vars = {"inferfleet_lock_token": HELD.token, "inferfleet_lock_holder": HELD.holder}
+        if HELD.force:
+            lock_vars["inferfleet_force_unlock"] = True
+    else:
+        lock_vars = {"inferfleet_lock_holder": holder(command)}
+    kwargs = {"limit": limit, "tags": tags, "check": check, "diff": diff, "console": console}
+    result = _run(command, playbook, inventory, extra_vars or {}, lock_vars, **kwargs)
+    lock = result.data.get("inferfleet_lock") or {}
+    if lock.get("stale"):
+        (console or Console()).print(
+            f"[yellow]broke the fleet's lock left by `{lock['stale'].get('command')}` "
+            f"(pid {lock['stale'].get('pid')} on this controller has ended)[/]"
+        )
+    if HELD is not None and lock and not lock.get("refused"):
+        HELD.taken = True
+        HELD.force = False  # broken once at most; the later playbooks hold it already
+    if lock.get("refused"):
+        result.rc = LOCKED
+    return result
+
+
+def _run(
+    command: str,
+    playbook: str,
+    inventory: Path,
+    extra_vars: dict,
+    lock_vars: dict,
+    *,
+    limit: str | None,
+    tags: str | None,
+    check: bool,
+    diff: bool,
+    console: Console | None,
+) -> RunResult:
     import ansible_runner
 
     console = console or Console()
@@ -251,7 +315,7 @@ def run_playbook(
                 project_dir=str(paths.COLLECTION),
                 playbook=str(paths.COLLECTION / "playbooks" / playbook),
                 inventory=str(inventory.resolve()),
-                extravars=extra_vars or {},
+                extravars=extra_vars | lock_vars,
                 limit=limit,
                 tags=tags,
                 cmdline=cmdline or None,
@@ -277,7 +341,8 @@ def run_playbook(
                 "command": command,
                 "playbook": playbook,
                 "inventory": str(inventory),
-                "extra_vars": mask(extra_vars or {}),
+                "extra_vars": mask(extra_vars),
+                "fleet_lock": mask(lock_vars),
                 "limit": limit,
                 "tags": tags,
                 "check": check,

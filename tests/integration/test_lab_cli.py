@@ -49,6 +49,11 @@ LAB_HOSTS = ["inferfleet-lab-node1", "inferfleet-lab-node2", "inferfleet-lab-lb"
 SKIP_DIRS = ["venv", "wheelhouse", "models", "site-packages", "dist-packages", "__pycache__"]
 
 
+def _exec_ok(host: str, script: str) -> bool:
+    done = subprocess.run(["docker", "exec", host, "bash", "-c", script], capture_output=True)
+    return done.returncode == 0
+
+
 def _exec(host: str, script: str, stdin: str = "") -> str:
     done = subprocess.run(
         ["docker", "exec", "-i", host, "bash", "-c", script],
@@ -91,12 +96,50 @@ def secret_leaks(secrets: list[str], runs: Path, since: float) -> list[str]:
     return found
 
 
-def test_lab_up_status_verify_down(node_image, wheelhouse, repo_root, venv_bin):
+def _second_controller_deploys(venv_bin, repo_root, home: Path) -> subprocess.CompletedProcess:
+    """`inferfleet deploy` from another controller process: its own home, its own runs."""
+    env = dict(os.environ, HOME=str(home), INFERFLEET_RUNS_DIR=str(home / "runs"))
+    env.pop("XDG_STATE_HOME", None)
+    return subprocess.run(
+        [venv_bin / "inferfleet", "deploy"],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+
+
+def test_lab_up_status_verify_down(node_image, wheelhouse, repo_root, venv_bin, tmp_path):
     inventory = repo_root / "inventories" / "lab"
     started = time.time()
     try:
-        up = _cli(venv_bin, repo_root, "lab", "up", "--tls")
+        up_run = subprocess.Popen(
+            [venv_bin / "inferfleet", "lab", "up", "--tls"],
+            cwd=repo_root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        # While lab up's site.yml runs, a second controller's deploy is refused, naming it,
+        # and runs nothing on the fleet (its one run took no host but the controller).
+        for _ in range(600):
+            if up_run.poll() is not None or _exec_ok(
+                "inferfleet-lab-lb", "test -f /var/lib/inferfleet/lock/holder.json"
+            ):
+                break
+            time.sleep(1)
+        assert up_run.poll() is None, "lab up ended before its site.yml held the lock"
+        second = _second_controller_deploys(venv_bin, repo_root, tmp_path / "home")
+        words = " ".join(second.stdout.split())
+        assert second.returncode == 6, second.stdout[-3000:] + second.stderr[-2000:]
+        assert "running `inferfleet lab up` since" in words and "wait until it ends" in words
+        records = list((tmp_path / "home" / "runs").glob("*/record.json"))
+        assert [set(json.loads(r.read_text())["stats"]["ok"]) for r in records] == [{"localhost"}]
+        out, err = up_run.communicate(timeout=1500)
+        up = subprocess.CompletedProcess(up_run.args, up_run.returncode, out, err)
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-2000:]
+        assert not _exec_ok("inferfleet-lab-lb", "test -e /var/lib/inferfleet/lock")  # released
         ca = inventory / "state" / "ca.pem"
         assert f"curl -s --cacert {ca} https://" in up.stdout
         assert "Authorization: Bearer sk-lab-" in up.stdout

@@ -3,6 +3,7 @@ runs are real ansible-runner runs against local-connection hosts that the prefli
 refuses, so nothing is touched and the exit code, record and masking are observable."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +18,11 @@ from inferfleet.cli import app
 cli = CliRunner()
 
 
+def commands(runs_dir: Path):
+    """The records of the commands' own runs (not of the fleet lock's release)."""
+    return (p for p in runs_dir.glob("*/record.json") if not p.parent.name.endswith("-unlock"))
+
+
 def inventory(tmp_path: Path, group_vars: dict) -> Path:
     inv = tmp_path / "inv"
     (inv / "group_vars").mkdir(parents=True)
@@ -24,7 +30,11 @@ def inventory(tmp_path: Path, group_vars: dict) -> Path:
         yaml.safe_dump(
             {
                 "all": {
-                    "vars": {"ansible_connection": "local"},
+                    "vars": {
+                        "ansible_connection": "local",
+                        "inferfleet_lock_path": str(tmp_path / "lock"),
+                        "ansible_python_interpreter": sys.executable,
+                    },
                     "children": {"inference": {"hosts": {"n1": None}}},
                 }
             }
@@ -72,7 +82,7 @@ def test_preflight_refusal_exits_4_and_keeps_a_masked_record(tmp_path, runs_dir)
     )
     assert result.exit_code == 4, result.output
     assert "preflight refused" in result.output
-    records = list(runs_dir.glob("*/record.json"))
+    records = list(commands(runs_dir))
     assert len(records) == 1
     record = json.loads(records[0].read_text())
     assert record["rc"] == 4 and record["command"] == "deploy"
@@ -221,7 +231,7 @@ def test_status_reads_prometheus_answers_per_instance_and_the_firing_alerts():
 def test_rollout_batch_options_are_checked_before_any_run(tmp_path, runs_dir, args, words):
     result = cli.invoke(app, [*args, "-i", str(inventory(tmp_path, {}))])
     assert result.exit_code == 1 and words in result.output
-    assert not list(runs_dir.glob("*/record.json"))  # no run (the fleet lock may exist)
+    assert not list(commands(runs_dir))  # no run (the fleet lock may exist)
 
 
 @pytest.mark.parametrize(
@@ -248,7 +258,7 @@ def test_rollout_and_rollback_run_their_playbook_and_record_the_batch(
     )
     result = cli.invoke(app, [*command, "-i", str(inv)])
     assert result.exit_code == 4, result.output
-    (record,) = [json.loads(p.read_text()) for p in runs_dir.glob("*/record.json")]
+    (record,) = [json.loads(p.read_text()) for p in commands(runs_dir)]
     assert record["command"] == command[0] and record["playbook"] == playbook
     assert record["extra_vars"]["rollout_serial"] == (2 if "--serial" in command else 1)
     assert record["extra_vars"]["rollout_max_fail_percentage"] == 0
@@ -315,7 +325,7 @@ def test_failover_refuses_what_it_cannot_do_before_any_request(
     inv = two_node_inventory(tmp_path, nodes)
     result = cli.invoke(app, ["verify", "--failover", *args, "-i", str(inv)])
     assert result.exit_code == 1 and words in result.output, result.output
-    assert not list(runs_dir.glob("*/record.json"))  # no run (the fleet lock may exist)
+    assert not list(commands(runs_dir))  # no run (the fleet lock may exist)
 
 
 def test_haproxy_durations_read_as_seconds():
@@ -330,19 +340,34 @@ def test_playbooks_hand_the_cli_their_reports_as_set_stats_data(tmp_path, runs_d
     keyed by host, not the name of a task: a real run of the shipped playbook."""
     inv = tmp_path / "inv"
     inv.mkdir()
-    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {
-        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
-        "children": {"loadbalancers": {"hosts": {
-            "lb1": {"load_balancer_kind": "nginx"},
-            "lb2": {"load_balancer_kind": "nginx"},
-        }}},
-    }}))
+    (inv / "hosts.yml").write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "vars": {
+                        "ansible_connection": "local",
+                        "ansible_python_interpreter": sys.executable,
+                    },
+                    "children": {
+                        "loadbalancers": {
+                            "hosts": {
+                                "lb1": {"load_balancer_kind": "nginx"},
+                                "lb2": {"load_balancer_kind": "nginx"},
+                            }
+                        }
+                    },
+                }
+            }
+        )
+    )
     result = runner.run_playbook("status", "status.yml", inv, console=Console(quiet=True))
     assert result.rc == 0, result.failures
-    assert result.data == {"inferfleet_status_balancers": {
-        "lb1": {"kind": "nginx", "backends": {}},
-        "lb2": {"kind": "nginx", "backends": {}},
-    }}
+    assert result.data == {
+        "inferfleet_status_balancers": {
+            "lb1": {"kind": "nginx", "backends": {}},
+            "lb2": {"kind": "nginx", "backends": {}},
+        }
+    }
 
 
 def test_every_preflight_marks_itself_open_then_passed():
@@ -365,3 +390,58 @@ def test_every_preflight_marks_itself_open_then_passed():
         assert closed == opened.replace("'open'", "'passed'"), path
         stages.add(stage)
     assert len(stages) == len(files)  # one stage name per file
+
+
+def _locked_by(tmp_path: Path, holder: dict) -> Path:
+    lock = tmp_path / "lock"
+    lock.mkdir(mode=0o700)
+    (lock / "holder.json").write_text(json.dumps(holder))
+    return lock
+
+
+def test_a_command_is_refused_while_another_holds_the_fleets_lock(tmp_path, runs_dir):
+    inv = inventory(tmp_path, {})
+    other = {
+        "user": "ana",
+        "controller": "bastion2",
+        "command": "inferfleet rollout",
+        "since": "2026-12-01T10:00:00Z",
+        "token": "theirs",
+        "pid": 4242,
+        "boot_id": "b",
+    }
+    lock = _locked_by(tmp_path, other)
+    result = cli.invoke(app, ["deploy", "-i", str(inv)])
+    words = " ".join(result.output.split())
+    assert result.exit_code == runner.LOCKED, result.output
+    assert (
+        "locked by ana@bastion2, running `inferfleet rollout` since 2026-12-01T10:00:00Z" in words
+    )
+    assert "--force-unlock" in words and "another operation holds the fleet's lock" in words
+    # Nothing ran past the lock (no preflight) and the lock is still theirs.
+    (record,) = [json.loads(p.read_text()) for p in commands(runs_dir)]
+    assert record["stats"]["ok"].keys() == {"localhost"}
+    assert json.loads((lock / "holder.json").read_text()) == other
+
+    forced = cli.invoke(app, ["deploy", "-i", str(inv), "--force-unlock"])
+    words = " ".join(forced.output.split())
+    assert "two now change the fleet at once" in words
+    assert forced.exit_code == 4, forced.output  # it ran: this inventory fails preflight
+    assert not lock.exists()  # taken, then released at the end
+
+
+def test_a_lock_left_by_a_run_of_this_controller_that_is_gone_is_broken(tmp_path, runs_dir):
+    inv = inventory(tmp_path, {})
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    mine = runner.holder("rollout") | {"pid": dead.pid, "token": "gone", "since": "earlier"}
+    lock = _locked_by(tmp_path, mine)
+    result = cli.invoke(app, ["deploy", "-i", str(inv)])
+    assert "broke the fleet's lock left by `inferfleet rollout`" in " ".join(
+        result.output.split()
+    )
+    assert result.exit_code == 4, result.output
+    assert not lock.exists()
+    # A live one of this controller (this very process) is not broken.
+    _locked_by(tmp_path, runner.holder("rollout") | {"token": "live", "since": "now"})
+    assert cli.invoke(app, ["deploy", "-i", str(inv)]).exit_code == runner.LOCKED

@@ -3,6 +3,7 @@ site.yml runs against hosts on a local connection and must stop in its first pla
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -14,7 +15,12 @@ CONFIGS = ROOT / "tests" / "fixtures" / "configs"
 def run_site(tmp_path: Path, group_vars: dict, hosts=("n1", "n2")) -> subprocess.CompletedProcess:
     inventory = {
         "all": {
-            "vars": {"ansible_connection": "local"},
+            # the fleet's lock in this test's folder (a refused run keeps it)
+            "vars": {
+                "ansible_connection": "local",
+                "ansible_python_interpreter": sys.executable,
+                "inferfleet_lock_path": str(tmp_path / "lock"),
+            },
             "children": {"inference": {"hosts": dict.fromkeys(hosts)}},
         }
     }

@@ -4,6 +4,7 @@ which come from its first play (localhost) before any host is touched: real
 ansible-runner runs against local-connection hosts."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,11 @@ inference:
     node1: *id001
     node2: *id002
 """
+
+
+def commands(runs_dir: Path):
+    """The records of the commands' own runs (not of the fleet lock's release)."""
+    return (p for p in runs_dir.glob("*/record.json") if not p.parent.name.endswith("-unlock"))
 
 
 def groups(text: str) -> dict:
@@ -132,7 +138,11 @@ def fleet(tmp_path: Path, hosts: dict) -> Path:
         + yaml.safe_dump(
             {
                 "all": {
-                    "vars": {"ansible_connection": "local"},
+                    "vars": {
+                        "ansible_connection": "local",
+                        "inferfleet_lock_path": str(tmp_path / "lock"),
+                        "ansible_python_interpreter": sys.executable,
+                    },
                     "children": {"inference": {"hosts": hosts}},
                 }
             }
@@ -168,7 +178,7 @@ def test_refusals_exit_4_and_leave_the_inventory_alone(tmp_path, runs_dir, hosts
     events = "".join(p.read_text() for p in runs_dir.rglob("job_events/*.json"))
     assert words in " ".join(events.split())
     assert (inv / "hosts.yml").read_text() == before
-    record = json.loads(next(runs_dir.glob("*/record.json")).read_text())
+    record = json.loads(next(commands(runs_dir)).read_text())
     assert record["command"] == "scale remove" and record["scale"]["remove"] == [args[1]]
 
 
@@ -198,7 +208,7 @@ def test_bad_options_are_refused_before_any_run(tmp_path, runs_dir, args, words)
     result = cli.invoke(app, ["scale", "-i", str(inv), *args])
     assert result.exit_code == 1
     assert words in result.output
-    assert not list(runs_dir.glob("*/record.json"))  # no run (the fleet lock may exist)
+    assert not list(commands(runs_dir))  # no run (the fleet lock may exist)
 
 
 def test_an_ini_inventory_is_refused_with_what_to_do(tmp_path, runs_dir):
@@ -210,16 +220,16 @@ def test_an_ini_inventory_is_refused_with_what_to_do(tmp_path, runs_dir):
 
 
 def test_a_second_command_on_the_same_fleet_is_refused_naming_the_first(tmp_path, runs_dir):
-    from inferfleet.commands.common import fleet_lock
+    from inferfleet.commands.common import controller_lock
 
     inv = fleet(tmp_path, {"n1": None, "n2": None})
-    with fleet_lock(inv, "rollout --version v2"):
+    with controller_lock(inv, "rollout --version v2"):
         result = cli.invoke(app, ["scale", "-i", str(inv), "--remove", "n2"])
         assert result.exit_code == 1
         words = " ".join(result.output.split())
         assert "`inferfleet rollout --version v2` (pid" in words
         assert "is changing the fleet of" in words
-        assert not list(runs_dir.glob("*/record.json"))
+        assert not list(commands(runs_dir))
     # Once it ends, the next one runs (and is refused by the playbook's own preflight).
     result = cli.invoke(app, ["scale", "-i", str(inv), "--remove", "n1", "--remove", "n2"])
     assert result.exit_code == 4, result.output

@@ -6,7 +6,9 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import inspect
 import os
+import secrets
 import time
 from pathlib import Path
 
@@ -75,13 +77,14 @@ def print_summary(result: RunResult) -> None:
         2: "[red]a host failed[/]",
         3: "[red]unreachable[/]",
         4: "[red]preflight refused the inventory[/]",
+        6: "[red]another operation holds the fleet's lock[/]",
         130: "[yellow]cancelled[/]",
     }
     console.print(f"{verdict.get(result.rc, result.status)}; record: {result.record}")
 
 
 @contextlib.contextmanager
-def fleet_lock(inventory: Path, command: str):
+def controller_lock(inventory: Path, command: str):
     """One command that changes the fleet of `inventory` at a time (deploy, rollout,
     rollback, scale): a second one is refused, naming the first. The lock is the
     kernel's (flock), so it goes with the process that held it, however it ended."""
@@ -105,15 +108,66 @@ def fleet_lock(inventory: Path, command: str):
         os.close(fd)
 
 
+@contextlib.contextmanager
+def holding_fleet_lock(inventory: Path, command: str, force: bool = False):
+    """Hold the fleet's own lock (playbooks/lock.yml, on the fleet: across controllers)
+    for a whole command: its first playbook takes it, the others hold it already, and it
+    is released at the end, however the command ended."""
+    held = runner.HELD = runner.FleetLock(secrets.token_urlsafe(18), runner.holder(command), force)
+    try:
+        yield
+    finally:
+        if held.taken:
+            _release(inventory, command)
+        runner.HELD = None
+
+
+def _release(inventory: Path, command: str) -> None:
+    release = runner.run_playbook(
+        f"{command} unlock",
+        "lock.yml",
+        inventory,
+        extra_vars={"fleet_lock_state": "absent", "fleet_lock_release": True},
+        console=console,
+    )
+    if release.rc != 0:
+        console.print(
+            f"[red]could not release the fleet's lock ({'; '.join(release.failures)}): "
+            f"run `ansible-playbook -i {inventory} playbooks/lock.yml "
+            "-e fleet_lock_state=absent -e inferfleet_force_unlock=true` once no operation "
+            "runs[/]",
+            soft_wrap=True,
+        )
+
+
+FORCE_UNLOCK = typer.Option(
+    False,
+    "--force-unlock",
+    help="Break the fleet's lock held by another operation (only once it is known to be over).",
+)
+
+
 def changes_the_fleet(command: str):
-    """Run the decorated command under fleet_lock for its -i inventory."""
+    """Run the decorated command under controller_lock (this controller) and the fleet's own
+    lock for its -i inventory; it gains a --force-unlock option."""
 
     def wrap(fn):
         @functools.wraps(fn)
-        def locked(*args, **kwargs):
-            with fleet_lock(resolve_inventory(kwargs.get("inventory")), command):
+        def locked(*args, force_unlock: bool = False, **kwargs):
+            path = resolve_inventory(kwargs.get("inventory"))
+            if force_unlock:
+                console.print(
+                    "[yellow]--force-unlock: the fleet's lock is broken whoever holds it; if "
+                    "that operation still runs, two now change the fleet at once[/]"
+                )
+            with controller_lock(path, command), holding_fleet_lock(path, command, force_unlock):
                 return fn(*args, **kwargs)
 
+        sig = inspect.signature(fn)
+        force = inspect.Parameter(
+            "force_unlock", inspect.Parameter.KEYWORD_ONLY, default=FORCE_UNLOCK, annotation=bool
+        )
+        locked.__signature__ = sig.replace(parameters=[*sig.parameters.values(), force])
         return locked
 
     return wrap
