@@ -44,6 +44,15 @@ def _members_of(named, hosts, hostvars):
     return [h for members in groups.values() if set(members) & set(named) for h in members]
 
 
+def _first_not_serving(hosts, hostvars):
+    """The members of the first instance none of whose nodes serves yet (by the fact
+    rollout_serving, from roles/rollout/tasks/release.yml); [] when every instance does."""
+    for members in _instances(hosts, hostvars).values():
+        if not any(hostvars[h].get("rollout_serving") for h in members):
+            return members
+    return []
+
+
 def _group_problems(members, instance):
     """What stops a multi-node instance from starting (module_utils.group)."""
     return group_problems(instance, members)
@@ -57,5 +66,6 @@ class FilterModule:
             "serving_nodes": _serving,
             "serving_nodes_of": _serving_of,
             "members_of": _members_of,
+            "first_not_serving": _first_not_serving,
             "group_problems": _group_problems,
         }

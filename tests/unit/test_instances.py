@@ -52,3 +52,23 @@ def test_bad_ranks_are_refused_with_what_to_change(hv, words):
 def test_empty_group_is_refused():
     with pytest.raises(InventoryError, match="`inference` group is empty"):
         instances([], {})
+
+
+def test_the_first_instance_to_bring_up_alone_is_the_first_with_no_node_serving():
+    from ansible_collections.inferfleet.fleet.plugins.filter.inventory import FilterModule
+
+    first = FilterModule().filters()["first_not_serving"]
+    hosts = ["a", "p0", "p1", "c"]
+    hv = {
+        "a": {},
+        "p0": {"inferfleet_instance": "big"},
+        "p1": {"inferfleet_instance": "big"},
+        "c": {},
+    }
+    assert first(hosts, hv) == ["a"]  # nothing serves: a first deployment
+    hv["a"]["rollout_serving"] = True
+    assert first(hosts, hv) == ["p0", "p1"]  # a pipeline instance comes up whole
+    hv["p1"]["rollout_serving"] = True  # one member serving: that instance is not new
+    assert first(hosts, hv) == ["c"]
+    hv["c"]["rollout_serving"] = True
+    assert first(hosts, hv) == []  # every instance serves: nothing to bring up alone
