@@ -122,7 +122,7 @@ def test_lab_up_status_verify_down(node_image, wheelhouse, repo_root, venv_bin, 
             text=True,
         )
         # While lab up's site.yml runs, a second controller's deploy is refused, naming it,
-        # and runs nothing on the fleet (its one run took no host but the controller).
+        # and runs nothing on the fleet (no task but the lock's).
         for _ in range(600):
             if up_run.poll() is not None or _exec_ok(
                 "inferfleet-lab-lb", "test -f /var/lib/inferfleet/lock/holder.json"
@@ -134,8 +134,12 @@ def test_lab_up_status_verify_down(node_image, wheelhouse, repo_root, venv_bin, 
         words = " ".join(second.stdout.split())
         assert second.returncode == 6, second.stdout[-3000:] + second.stderr[-2000:]
         assert "running `inferfleet lab up` since" in words and "wait until it ends" in words
-        records = list((tmp_path / "home" / "runs").glob("*/record.json"))
-        assert [set(json.loads(r.read_text())["stats"]["ok"]) for r in records] == [{"localhost"}]
+        events = [
+            json.loads(p.read_text())
+            for p in (tmp_path / "home" / "runs").glob("*/artifacts/*/job_events/*.json")
+        ]
+        ran = {e["event_data"]["task"] for e in events if e["event"] == "runner_on_ok"}
+        assert ran and all(task.startswith("Lock | ") for task in ran), ran
         out, err = up_run.communicate(timeout=1500)
         up = subprocess.CompletedProcess(up_run.args, up_run.returncode, out, err)
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-2000:]

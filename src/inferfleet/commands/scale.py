@@ -19,7 +19,7 @@ from inferfleet.commands.common import (
     print_summary,
     resolve_inventory,
 )
-from inferfleet.runner import CANCELLED, PREFLIGHT_REFUSED, add_to_record, run_playbook
+from inferfleet.runner import CANCELLED, LOCKED, PREFLIGHT_REFUSED, add_to_record, run_playbook
 
 
 def _hosts(values: list[str]) -> list[str]:
@@ -82,7 +82,7 @@ def scale(
                 console=console,
             )
         finally:
-            if result is None or result.rc in (PREFLIGHT_REFUSED, CANCELLED):
+            if result is None or result.rc in (PREFLIGHT_REFUSED, CANCELLED, LOCKED):  # nothing ran
                 hosts_file.write_text(before)
                 console.print(f"{hosts_file} is as it was: {', '.join(joining)} not added")
             elif result.rc != 0:
