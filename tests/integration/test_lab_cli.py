@@ -215,7 +215,14 @@ def test_lab_up_status_verify_down(node_image, wheelhouse, repo_root, venv_bin, 
             "inferfleet_lab_tls_ca",
             "inferfleet_lab_tls_certificate",
         }
-        secrets = [v for k, v in values.items() if k not in public]
+        # One line each (grep -F takes a pattern per line): a PEM key's base64 lines.
+        secrets = [
+            line
+            for k, v in values.items()
+            if k not in public
+            for line in str(v).splitlines()
+            if line.strip() and not line.startswith("-----")
+        ]
         assert "inferfleet_lab_tls_key" in values
         runs = Path(os.environ.get("INFERFLEET_RUNS_DIR", repo_root / "runs"))
         assert secret_leaks(secrets, runs, started) == []
