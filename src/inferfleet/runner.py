@@ -265,6 +265,7 @@ def run_playbook(
         HELD.force = False  # broken once at most; the later playbooks hold it already
     if lock.get("refused"):
         result.rc = LOCKED
+        add_to_record(result.record, "rc", LOCKED)
     return result
 
 

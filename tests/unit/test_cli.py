@@ -430,6 +430,7 @@ def test_a_command_is_refused_while_another_holds_the_fleets_lock(tmp_path, runs
     assert "--force-unlock" in words and "another operation holds the fleet's lock" in words
     # Nothing ran past the lock (no preflight) and the lock is still theirs.
     assert tasks_run(runs_dir) and all(t.startswith("Lock | ") for t in tasks_run(runs_dir))
+    assert [json.loads(p.read_text())["rc"] for p in commands(runs_dir)] == [runner.LOCKED]
     assert json.loads((lock / "holder.json").read_text()) == other
 
     forced = cli.invoke(app, ["deploy", "-i", str(inv), "--force-unlock"])

@@ -20,6 +20,19 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
+def _builder(subject: str, issuer: x509.Name, key, now) -> x509.CertificateBuilder:
+    """A certificate of `subject` for `key`, signed by `issuer`, valid for DAYS days."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=DAYS))
+    )
+
+
 def _pem(cert: x509.Certificate) -> str:
     return cert.public_bytes(serialization.Encoding.PEM).decode()
 
@@ -30,13 +43,7 @@ def issue(host: str, address: str) -> dict[str, str]:
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (
-        x509.CertificateBuilder()
-        .subject_name(_name("inferfleet lab CA"))
-        .issuer_name(_name("inferfleet lab CA"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=DAYS))
+        _builder("inferfleet lab CA", _name("inferfleet lab CA"), ca_key, now)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -56,13 +63,7 @@ def issue(host: str, address: str) -> dict[str, str]:
     )
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(host))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=DAYS))
+        _builder(host, ca.subject, key, now)
         .add_extension(
             x509.SubjectAlternativeName(
                 [x509.DNSName(host), x509.IPAddress(ipaddress.ip_address(address))]
