@@ -9,7 +9,7 @@ installed collection (vLLM's CPU build behind HAProxy), the curl line it prints 
 completion through the load balancer, and `inferfleet lab down` removes it all.
 
 The lab's containers are those of tests/integration/test_lab_cli.py (the lab has one set
-of names, in its inventory): scripts/test.sh runs the two one after the other.
+of names, in its inventory): the lab_hosts fixture lets one of the two run at a time.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def labelled(kind: str) -> list[str]:
                           capture_output=True, text=True, check=True).stdout.split()
 
 
-def test_the_installed_cli_runs_the_lab(installed, node_image, wheelhouse):
+def test_the_installed_cli_runs_the_lab(installed, node_image, wheelhouse, lab_hosts):
     """node_image and wheelhouse: built under the suite's locks, found by `lab up`."""
     cli, work, env = installed["bin"] / "inferfleet", installed["work"], installed["env"]
     inventory = installed["lab_inventory"]

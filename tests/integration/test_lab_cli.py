@@ -18,9 +18,11 @@ import openai
 import pytest
 import yaml
 
+from inferfleet.lab import fleet
+
 pytestmark = pytest.mark.lab
 
-GENERATED = ["host_vars/inferfleet-lab-node1.yml", "group_vars/all/secrets.yml", "state"]
+GENERATED = ["host_vars/inferfleet-lab-node1.yml", "group_vars/all/secrets.yml", "../lab-ca.pem"]
 
 
 def _cli(venv_bin, repo_root, *args, timeout=1200):
@@ -110,7 +112,9 @@ def _second_controller_deploys(venv_bin, repo_root, home: Path) -> subprocess.Co
     )
 
 
-def test_lab_up_status_verify_down(node_image, wheelhouse, repo_root, venv_bin, tmp_path):
+def test_lab_up_status_verify_down(
+    node_image, wheelhouse, repo_root, venv_bin, tmp_path, lab_hosts
+):
     inventory = repo_root / "inventories" / "lab"
     started = time.time()
     try:
@@ -144,7 +148,7 @@ def test_lab_up_status_verify_down(node_image, wheelhouse, repo_root, venv_bin, 
         up = subprocess.CompletedProcess(up_run.args, up_run.returncode, out, err)
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-2000:]
         assert not _exec_ok("inferfleet-lab-lb", "test -e /var/lib/inferfleet/lock")  # released
-        ca = inventory / "state" / "ca.pem"
+        ca = fleet.ca_file(inventory)
         assert f"curl -s --cacert {ca} https://" in up.stdout
         assert "Authorization: Bearer sk-lab-" in up.stdout
         values = yaml.safe_load((inventory / "group_vars" / "all" / "secrets.yml").read_text())
@@ -175,6 +179,8 @@ def test_lab_up_status_verify_down(node_image, wheelhouse, repo_root, venv_bin, 
 
         status = _cli(venv_bin, repo_root, "status", "--json", timeout=300)
         assert status.returncode == 0, status.stdout + status.stderr
+        # Ansible reads the inventory directory, and nothing in it but the inventory.
+        assert "Unable to parse" not in status.stderr, status.stderr
         nodes = json.loads(status.stdout)["nodes"]
         assert sorted(n["host"] for n in nodes) == [
             "inferfleet-lab-node1",

@@ -2,9 +2,13 @@
 client trusting that CA (and only it) accepts, by name and by address; the secrets file
 keeps it while the lab lives and drops it when TLS is off."""
 
+import json
 import socket
 import ssl
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import yaml
@@ -56,21 +60,31 @@ def test_another_ca_or_another_name_is_refused(tmp_path):
 
 
 def test_the_secrets_keep_the_certificate_while_tls_is_on_and_drop_it_after(tmp_path):
-    (tmp_path / "group_vars" / "all").mkdir(parents=True)
+    inventory = tmp_path / "lab"
+    (inventory / "group_vars" / "all").mkdir(parents=True)
+    (inventory / "hosts.yml").write_text("all:\n  hosts:\n    lb: {}\n    node1: {}\n")
     addresses = {"lb": "10.0.0.5", "node1": "10.0.0.6"}
-    secrets_file = tmp_path / "group_vars" / "all" / "secrets.yml"
-    first = fleet.write_state(tmp_path, addresses, tls_host="lb")
+    secrets_file = inventory / "group_vars" / "all" / "secrets.yml"
+    first = fleet.write_state(inventory, addresses, tls_host="lb")
     assert secrets_file.stat().st_mode & 0o777 == 0o600
-    assert (tmp_path / "state" / "ca.pem").read_text() == first["inferfleet_lab_tls_ca"]
-    again = fleet.write_state(tmp_path, addresses, tls_host="lb")
+    assert fleet.ca_file(inventory).read_text() == first["inferfleet_lab_tls_ca"]
+    # Ansible reads the inventory directory and nothing in it but the inventory.
+    listed = subprocess.run(
+        [Path(sys.executable).parent / "ansible-inventory", "-i", inventory, "--list"],
+        capture_output=True, text=True, check=True,
+    )
+    assert "Unable to parse" not in listed.stderr, listed.stderr
+    assert json.loads(listed.stdout)["_meta"]["hostvars"]["lb"]["inferfleet_address"] == "10.0.0.5"
+    again = fleet.write_state(inventory, addresses, tls_host="lb")
     assert again == first  # the same keys and certificate while the lab lives
-    plain = fleet.write_state(tmp_path, addresses)
+    plain = fleet.write_state(inventory, addresses)
     assert not [k for k in plain if k.startswith("inferfleet_lab_tls_")]
     assert plain["inferfleet_lab_api_key"] == first["inferfleet_lab_api_key"]
-    assert not (tmp_path / "state" / "ca.pem").exists()
+    assert not fleet.ca_file(inventory).exists()
     assert yaml.safe_load(secrets_file.read_text()) == plain
-    fleet.remove_state(tmp_path)
-    assert not secrets_file.exists() and not (tmp_path / "state").exists()
+    fleet.write_state(inventory, addresses, tls_host="lb")
+    fleet.remove_state(inventory)
+    assert not secrets_file.exists() and not fleet.ca_file(inventory).exists()
 
 
 def test_the_cli_asks_a_tls_load_balancer_over_https_trusting_the_fleets_ca(tmp_path):

@@ -117,7 +117,7 @@ def up(
             settings["load_balancer_port"],
             state["inferfleet_lab_api_key"],
             settings["inferfleet_model_name"],
-            LAB_INVENTORY / "state" / "ca.pem" if tls else None,
+            fleet.ca_file(LAB_INVENTORY) if tls else None,
         ),
         soft_wrap=True,
         highlight=False,

@@ -3,13 +3,12 @@
 `create` starts what is missing (and reuses what runs), `addresses` reads their
 addresses back, and `write_state` writes the generated parts of the inventory:
 host_vars/ with each host's address, group_vars/all/secrets.yml (mode 0600) with keys
-(and, for `lab up --tls`, the load balancer's certificate), state/ca.pem the lab's CA.
+(and, for `lab up --tls`, the load balancer's certificate), and `ca_file` the lab's CA.
 """
 
 from __future__ import annotations
 
 import secrets
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -86,7 +85,7 @@ def write_state(
 ) -> dict:
     """Write host_vars and (once) the secrets file; return the secrets. With `tls_host`
     (the load balancer), the secrets hold a certificate for it from a lab CA of their own
-    (kept while the lab lives), and state/ca.pem that CA for clients; without, neither."""
+    (kept while the lab lives), and `ca_file` that CA for clients; without, neither."""
     host_vars = inventory / "host_vars"
     host_vars.mkdir(exist_ok=True)
     for host, addr in addresses.items():
@@ -100,16 +99,14 @@ def write_state(
         "inferfleet_lab_s3_access_key": S3_ACCESS_KEY,
         "inferfleet_lab_s3_secret_key": S3_SECRET_KEY,
     }
-    ca_file = inventory / "state" / "ca.pem"
     if tls_host is None:
         values = {k: v for k, v in values.items() if not k.startswith("inferfleet_lab_tls_")}
-        ca_file.unlink(missing_ok=True)
+        ca_file(inventory).unlink(missing_ok=True)
     elif "inferfleet_lab_tls_key" not in values:
         issued = tls.issue(tls_host, addresses[tls_host])
         values |= {f"inferfleet_lab_tls_{k}": v for k, v in issued.items()}
     if tls_host is not None:
-        ca_file.parent.mkdir(exist_ok=True)
-        ca_file.write_text(values["inferfleet_lab_tls_ca"])
+        ca_file(inventory).write_text(values["inferfleet_lab_tls_ca"])
     secrets_file.touch(mode=0o600)
     secrets_file.chmod(0o600)
     secrets_file.write_text(
@@ -122,7 +119,13 @@ def remove_state(inventory: Path) -> None:
     for path in (inventory / "host_vars").glob("*.yml"):
         path.unlink()
     (inventory / "group_vars" / "all" / "secrets.yml").unlink(missing_ok=True)
-    shutil.rmtree(inventory / "state", ignore_errors=True)
+    ca_file(inventory).unlink(missing_ok=True)
+
+
+def ca_file(inventory: Path) -> Path:
+    """The lab CA's certificate, for clients: beside the inventory, never in it (Ansible
+    reads every file of an inventory directory as a source)."""
+    return inventory.with_name(f"{inventory.name}-ca.pem")
 
 
 if __name__ == "__main__":
