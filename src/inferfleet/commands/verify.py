@@ -69,12 +69,22 @@ def _failover(
     watcher.join()
     report = run.data.get("inferfleet_failover", {}).get(node.host)  # failover.yml's set_stats
     failed = load.failed()
+    # When each failed request started, in seconds after the stop (the load keeps
+    # monotonic moments, the report wall-clock ones).
+    wall = time.time() - time.monotonic()
+    failed_at = (
+        sorted(round(t + wall - report["stopped_at"], 1) for t, c in load.calls if not c.ok)
+        if report is not None
+        else []
+    )
+    when = f" (started {', '.join(map(str, failed_at))} s after the stop)" if failed_at else ""
     checks = [
         (
             "failover: no failed request",
             not failed and len(load.calls) > 0,
             f"{len(load.calls)} sent, {len(failed)} failed "
-            + "; ".join(sorted({f"{c.status} {c.error}".strip() for c in failed})),
+            + "; ".join(sorted({f"{c.status} {c.error}".strip() for c in failed}))
+            + when,
         )
     ]
     if report is None:
@@ -86,6 +96,7 @@ def _failover(
         "host": node.host,
         "sent": len(load.calls),
         "failed": len(failed),
+        "failed_started_after_stop_s": failed_at,
         # seconds after the stop was asked for / after the start was asked for
         "unanswered_after_s": None if gone is None else round(gone - report["stopped_at"], 1),
         "taken_out_after_s": round(report["down_at"] - report["stopped_at"], 1),
