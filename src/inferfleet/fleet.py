@@ -54,6 +54,10 @@ class Fleet:
     def serving(self) -> list[Node]:
         return [n for n in self.nodes if n.rank == 0]
 
+    def members(self, instance: str) -> list[str]:
+        """The hosts of an instance, rank 0 first."""
+        return [n.host for n in self.nodes if n.instance == instance]
+
 
 def duration(value) -> float:
     """Seconds from an HAProxy time ("10s", "500ms", "2m", or a bare number of ms)."""

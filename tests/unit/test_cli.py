@@ -272,6 +272,33 @@ def test_rollout_and_rollback_run_their_playbook_and_record_the_batch(
         assert record["extra_vars"]["rollout_release_reset"] == ("--from-inventory" in command)
 
 
+def test_a_canary_pipeline_instance_rolls_with_all_its_members(tmp_path, runs_dir):
+    inv = two_node_inventory(tmp_path, ["a", "c", "b"])
+    (inv / "group_vars").mkdir()
+    (inv / "group_vars" / "all.yml").write_text(
+        yaml.safe_dump(
+            {
+                "ansible_connection": "local",
+                "ansible_python_interpreter": sys.executable,
+                "inferfleet_lock_path": str(tmp_path / "lock"),
+                "inferfleet_accelerator": "tpu",  # the preflight refuses: nothing runs
+                "inferfleet_model_name": "m",
+                "inferfleet_model_version": "v1",
+            }
+        )
+    )
+    (inv / "host_vars").mkdir()
+    for host, rank in (("a", 1), ("b", 0)):
+        (inv / "host_vars" / f"{host}.yml").write_text(
+            yaml.safe_dump({"inferfleet_instance": "pp", "inferfleet_rank": rank})
+        )
+    result = cli.invoke(app, ["rollout", "--canary", "--version", "v2", "-i", str(inv)])
+    assert result.exit_code == 4, result.output
+    assert "canary: instance pp (b, a) first" in " ".join(result.output.split())
+    (record,) = [json.loads(p.read_text()) for p in commands(runs_dir)]
+    assert (record["command"], record["limit"]) == ("rollout canary", "b,a")
+
+
 @pytest.mark.parametrize("version", ["current", "v/2", "_v2", ""])
 def test_lab_publish_refuses_a_version_name_model_sync_would_refuse(version):
     result = cli.invoke(app, ["lab", "publish", version])

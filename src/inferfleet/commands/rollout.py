@@ -116,13 +116,14 @@ def _canary(
     if not fleet.balancers:
         fail("--canary needs a `loadbalancers` host to give the canary its share of requests")
     node, reference = fleet.serving[0], fleet.serving[1]
-    console.print(f"[bold]canary: instance {node.instance} ({node.host}) first[/]")
+    members = fleet.members(node.instance)  # a multi-node instance rolls as one
+    console.print(f"[bold]canary: instance {node.instance} ({', '.join(members)}) first[/]")
     first = run_playbook(
         "rollout canary",
         "rolling_update.yml",
         inventory,
         extra_vars=extra_vars,
-        limit=node.host,
+        limit=",".join(members),
         console=console,
     )
     if first.rc != 0:
@@ -187,7 +188,7 @@ def _canary(
     )
     if not all(r.passed for r in rows):
         back = run_playbook(
-            "rollback canary", "rollback.yml", inventory, limit=node.host, console=console
+            "rollback canary", "rollback.yml", inventory, limit=",".join(members), console=console
         )
         print_summary(back)
         if back.rc != 0:
@@ -204,7 +205,7 @@ def _canary(
         "rolling_update.yml",
         inventory,
         extra_vars=extra_vars,
-        limit=f"all:!{node.host}",
+        limit="all:" + ":".join(f"!{h}" for h in members),
         console=console,
     )
     print_summary(rest)
