@@ -10,7 +10,7 @@ pytestmark = pytest.mark.lab
 
 # molecule/replicated is one fleet, one converge: rolling updates, canaries and rollback,
 # scaling in and out, the monitoring and its alerts. scripts/test.sh runs replicated in
-# a lane of its own, pipeline after the install test, the others with the rest.
+# one lane and the others (pipeline first) in the second.
 SCENARIOS = ["default", "lb", "replicated", "pipeline", "gpu_host"]
 
 
