@@ -57,14 +57,6 @@ def node_image() -> str:
     return tag
 
 
-@pytest.fixture
-def lab_hosts():
-    """The lab's containers, networks and names, for this test alone: the lab CLI test and
-    the install test bring up the same lab, in different lanes of `make test`."""
-    with _exclusive("lab"):
-        yield
-
-
 @pytest.fixture(scope="session")
 def venv_bin() -> Path:
     """The virtualenv's bin folder, first on PATH for tools run by the tests."""

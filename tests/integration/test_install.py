@@ -1,15 +1,20 @@
-"""The product as an operator installs it. The collection tarball and the wheel are built
-from this tree, then installed (the wheel with its [lab] extra) into a fresh virtualenv
-and a fresh collections path in a folder outside the checkout, with the source tree on no
-path. The installed CLI answers `--help` and `plan`, and brings up the lab from the
-inventory its wheel carries: `inferfleet lab up --no-deploy` starts SeaweedFS with the
-tiny model and the hosts, an operator's own playbook, written there, uses the
-collection's role and module by FQCN on a node, `inferfleet lab up` runs site.yml from the
-installed collection (vLLM's CPU build behind HAProxy), the curl line it prints gets a
-completion through the load balancer, and `inferfleet lab down` removes it all.
+"""The product as an operator installs it, and the operator's path on the real lab.
 
-The lab's containers are those of tests/integration/test_lab_cli.py (the lab has one set
-of names, in its inventory): the lab_hosts fixture lets one of the two run at a time.
+The collection tarball and the wheel are built from this tree, then installed (the wheel
+with its [lab] extra) into a fresh virtualenv and a fresh collections path in a folder
+outside the checkout, with the source tree on no path. The installed CLI answers `--help`
+and `plan`, then runs the lab from the inventory its wheel carries:
+- `inferfleet lab up --no-deploy` starts SeaweedFS with the tiny model and the hosts; an
+  operator's own playbook, written there, uses the collection's role and module by FQCN;
+- `inferfleet lab up --tls` runs site.yml from the installed collection (two vLLM CPU
+  engines behind HAProxy, TLS at the edge); while it runs a second controller's deploy is
+  refused by the fleet's lock; its last play asks for a completion over HTTPS;
+- the curl line it prints and the openai SDK (trusting the lab's CA) get completions;
+  without the CA the certificate does not verify, and plain HTTP gets no answer;
+- `status`, `verify --failover` (an engine stopped and started under load, no request
+  failed), the secrets in no log, command line or world-readable file;
+- `inferfleet lab down` leaves nothing: containers, networks, the inventory copy, the CA.
+One lab run covers it all: each bring-up costs minutes of CI.
 """
 
 from __future__ import annotations
@@ -17,25 +22,34 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
+import openai
 import pytest
 import yaml
+
+from inferfleet.lab import fleet
 
 pytestmark = pytest.mark.lab
 
 LAB_LABEL = "inferfleet.lab=inferfleet-lab"  # what `inferfleet lab` labels its containers with
+# Where a host keeps installed software and model weights: large, and written by no role
+# that handles a secret.
+SKIP_DIRS = ["venv", "wheelhouse", "models", "site-packages", "dist-packages", "__pycache__"]
 
 
-def run(cmd: list, cwd: Path, env: dict | None = None, timeout: int = 900):
-    done = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    assert done.returncode == 0, (
-        f"{' '.join(map(str, cmd))} exited {done.returncode}:\n{done.stdout[-4000:]}\n"
-        f"{done.stderr[-4000:]}"
+def run(cmd: list, cwd: Path, env: dict | None = None, timeout: int = 900, rc: int = 0):
+    done = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == rc, (
+        f"{' '.join(map(str, cmd))} exited {done.returncode}, not {rc}:\n"
+        f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     )
     return done
 
@@ -45,10 +59,14 @@ def installed(tmp_path_factory, repo_root, venv_bin) -> dict:
     """Build both artefacts, install them away from the checkout; the operator's env."""
     work = tmp_path_factory.mktemp("operator")
     dist = work / "dist"
-    run([venv_bin / "ansible-galaxy", "collection", "build", "--output-path", dist, repo_root],
-        cwd=repo_root)
-    run([venv_bin / "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", dist, repo_root],
-        cwd=work)
+    run(
+        [venv_bin / "ansible-galaxy", "collection", "build", "--output-path", dist, repo_root],
+        cwd=repo_root,
+    )
+    run(
+        [venv_bin / "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", dist, repo_root],
+        cwd=work,
+    )
     tarball = next(dist.glob("inferfleet-fleet-*.tar.gz"))
     wheel = next(dist.glob("inferfleet-*.whl"))
     base_python = getattr(sys, "_base_executable", None) or shutil.which("python3")
@@ -66,10 +84,27 @@ def installed(tmp_path_factory, repo_root, venv_bin) -> dict:
         if key in os.environ:
             env[key] = os.environ[key]
     run([work / "venv" / "bin" / "pip", "install", "--quiet", f"{wheel}[lab]"], cwd=work, env=env)
-    run([work / "venv" / "bin" / "ansible-galaxy", "collection", "install", "--offline", "--force",
-         "-p", work / "collections", tarball], cwd=work, env=env)
-    return {"work": work, "env": env, "bin": work / "venv" / "bin", "wheel": wheel,
-            "lab_inventory": work / "state" / "inferfleet" / "lab"}
+    run(
+        [
+            work / "venv" / "bin" / "ansible-galaxy",
+            "collection",
+            "install",
+            "--offline",
+            "--force",
+            "-p",
+            work / "collections",
+            tarball,
+        ],
+        cwd=work,
+        env=env,
+    )
+    return {
+        "work": work,
+        "env": env,
+        "bin": work / "venv" / "bin",
+        "wheel": wheel,
+        "lab_inventory": work / "state" / "inferfleet" / "lab",
+    }
 
 
 def test_nothing_of_the_checkout_is_on_a_path(installed, repo_root):
@@ -78,30 +113,48 @@ def test_nothing_of_the_checkout_is_on_a_path(installed, repo_root):
         "print(json.dumps({'sys_path': sys.path, 'cli': inferfleet.__file__, "
         "'collection': list(c.__path__)}))"
     )
-    seen = json.loads(run([installed["bin"] / "python", "-c", probe], cwd=installed["work"],
-                          env=installed["env"]).stdout)
+    seen = json.loads(
+        run(
+            [installed["bin"] / "python", "-c", probe], cwd=installed["work"], env=installed["env"]
+        ).stdout
+    )
     assert seen["cli"].startswith(str(installed["work"] / "venv"))
     # the operator's collections path comes first (then the wheel's copy in site-packages)
     assert seen["collection"] == [
         str(installed["work"] / "collections" / "ansible_collections" / "inferfleet" / "fleet")
     ]
     assert [p for p in seen["sys_path"] if p.startswith(str(repo_root))] == []
-    listed = run([installed["bin"] / "ansible-galaxy", "collection", "list", "inferfleet.fleet"],
-                 cwd=installed["work"], env=installed["env"]).stdout
+    listed = run(
+        [installed["bin"] / "ansible-galaxy", "collection", "list", "inferfleet.fleet"],
+        cwd=installed["work"],
+        env=installed["env"],
+    ).stdout
     assert str(installed["work"] / "collections") in listed
     assert str(repo_root) not in listed
 
 
 def test_the_cli_answers_help_and_plan(installed, repo_root):
-    helped = run([installed["bin"] / "inferfleet", "--help"], cwd=installed["work"],
-                 env=installed["env"]).stdout
+    helped = run(
+        [installed["bin"] / "inferfleet", "--help"], cwd=installed["work"], env=installed["env"]
+    ).stdout
     for command in ("plan", "deploy", "status", "verify", "rollout", "rollback", "scale"):
         assert command in helped
     config = repo_root / "tests" / "fixtures" / "configs" / "llama-3.1-8b.json"
     shutil.copy(config, installed["work"] / "config.json")
-    planned = run([installed["bin"] / "inferfleet", "plan", installed["work"] / "config.json",
-                   "--gpus-per-node", "1", "--gpu-memory-gib", "80", "--json"],
-                  cwd=installed["work"], env=installed["env"]).stdout
+    planned = run(
+        [
+            installed["bin"] / "inferfleet",
+            "plan",
+            installed["work"] / "config.json",
+            "--gpus-per-node",
+            "1",
+            "--gpu-memory-gib",
+            "80",
+            "--json",
+        ],
+        cwd=installed["work"],
+        env=installed["env"],
+    ).stdout
     assert json.loads(planned)["decision"] == "replicated"
 
 
@@ -109,8 +162,9 @@ def test_the_wheel_carries_the_lab_inventory_as_committed(installed, repo_root):
     tracked = run(["git", "ls-files", "inventories/lab"], cwd=repo_root).stdout.split()
     with zipfile.ZipFile(installed["wheel"]) as wheel:
         shipped = [n for n in wheel.namelist() if n.startswith("inferfleet/lab/inventory/")]
-    assert sorted(n.replace("inferfleet/lab/inventory/", "inventories/lab/") for n in shipped) \
-        == sorted(tracked)
+    assert sorted(
+        n.replace("inferfleet/lab/inventory/", "inventories/lab/") for n in shipped
+    ) == sorted(tracked)
 
 
 OPERATOR_PLAYBOOK = """\
@@ -145,52 +199,256 @@ def operators_playbook(installed: dict, inventory: Path, node: str) -> dict:
     playbook = installed["work"] / "weights.yml"
     playbook.write_text(OPERATOR_PLAYBOOK.format(node=node))
     env = dict(installed["env"], ANSIBLE_STDOUT_CALLBACK="json")
-    played = run([installed["bin"] / "ansible-playbook", "-i", inventory, playbook],
-                 cwd=installed["work"], env=env)
+    played = run(
+        [installed["bin"] / "ansible-playbook", "-i", inventory, playbook],
+        cwd=installed["work"],
+        env=env,
+    )
     results = json.loads(played.stdout)
-    report = next(t["hosts"][node]["msg"] for t in results["plays"][0]["tasks"]
-                  if t["task"]["name"] == "Report")
+    report = next(
+        t["hosts"][node]["msg"]
+        for t in results["plays"][0]["tasks"]
+        if t["task"]["name"] == "Report"
+    )
     return json.loads(report) if isinstance(report, str) else report
 
 
 def labelled(kind: str) -> list[str]:
-    return subprocess.run(["docker", kind, "ls", "-q", "--filter", f"label={LAB_LABEL}"],
-                          capture_output=True, text=True, check=True).stdout.split()
+    return subprocess.run(
+        ["docker", kind, "ls", "-q", "--filter", f"label={LAB_LABEL}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
 
 
-def test_the_installed_cli_runs_the_lab(installed, node_image, wheelhouse, lab_hosts):
+def _exec_ok(host: str, script: str) -> bool:
+    return (
+        subprocess.run(
+            ["docker", "exec", host, "bash", "-c", script], capture_output=True
+        ).returncode
+        == 0
+    )
+
+
+def _exec(host: str, script: str, stdin: str = "") -> str:
+    done = subprocess.run(
+        ["docker", "exec", "-i", host, "bash", "-c", script],
+        input=stdin,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode in (0, 123), done.stderr  # 123: xargs ran on nothing found
+    return done.stdout
+
+
+def secret_leaks(secrets: list[str], hosts: list[str], runs: Path, since: float) -> list[str]:
+    """Where the lab's secrets show outside their private files: the runs' records and
+    ansible-runner artifacts on the controller, and on each host every process's command
+    line, the whole journal and every world-readable file. The secrets reach the hosts'
+    grep on its standard input, never on a command line."""
+    found = []
+    for path in runs.rglob("*"):
+        if path.is_file() and path.stat().st_mtime >= since:
+            text = path.read_text(errors="replace")
+            found += [f"controller: {path}" for s in secrets if s in text]
+    excludes = " ".join(f"--exclude-dir={d}" for d in SKIP_DIRS)
+    for host in hosts:
+        for what, script in (
+            ("a command line", "ps -eo args"),
+            ("the journal", "journalctl -o cat --no-pager"),
+        ):
+            text = _exec(host, script)
+            found += [f"{host}: {what}" for s in secrets if s in text]
+        files = _exec(
+            host,
+            f"grep -rlsF -f /dev/stdin {excludes} /etc /opt /var /usr/local /root /home /run /tmp"
+            " | xargs -r stat -c '%a %U:%G %n'",
+            stdin="\n".join(secrets) + "\n",
+        )
+        assert files.strip(), f"{host}: no file holds a secret: is the search broken?"
+        for line in files.splitlines():
+            if int(line.split()[0], 8) & 0o004:
+                found.append(f"{host}: world-readable {line}")
+    return found
+
+
+def _lab_up_tls_with_a_second_controller(installed: dict, inventory: Path, balancer: str):
+    """`lab up --tls`; while its site.yml holds the fleet's lock, `inferfleet deploy` from
+    another controller (its own home and runs) is refused, naming it, and runs nothing on
+    the fleet but the lock's tasks. Returns lab up's stdout."""
+    cli, work, env = installed["bin"] / "inferfleet", installed["work"], installed["env"]
+    up_run = subprocess.Popen(
+        [cli, "lab", "up", "--tls"],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for _ in range(600):
+        if up_run.poll() is not None or _exec_ok(
+            balancer, "test -f /var/lib/inferfleet/lock/holder.json"
+        ):
+            break
+        time.sleep(1)
+    assert up_run.poll() is None, "lab up ended before its site.yml held the lock"
+    home = work / "second-controller"
+    second_env = dict(
+        env,
+        HOME=str(home),
+        INFERFLEET_RUNS_DIR=str(home / "runs"),
+        XDG_STATE_HOME=str(home / "state"),
+    )
+    second = run([cli, "deploy", "-i", inventory], cwd=work, env=second_env, timeout=300, rc=6)
+    words = " ".join(second.stdout.split())
+    assert "running `inferfleet lab up` since" in words and "wait until it ends" in words
+    events = [
+        json.loads(p.read_text()) for p in (home / "runs").glob("*/artifacts/*/job_events/*.json")
+    ]
+    ran = {e["event_data"]["task"] for e in events if e["event"] == "runner_on_ok"}
+    assert ran and all(task.startswith("Lock | ") for task in ran), ran
+    out, err = up_run.communicate(timeout=1500)
+    assert up_run.returncode == 0, out[-3000:] + err[-2000:]
+    assert not _exec_ok(balancer, "test -e /var/lib/inferfleet/lock")  # released
+    return out
+
+
+def _clients(up: str, inventory: Path, balancer: str, work: Path, env: dict) -> None:
+    """The curl line lab up printed, and the openai SDK as the README shows it, trusting
+    the lab's CA, get completions; without the CA, or over plain HTTP, nothing answers."""
+    ca = fleet.ca_file(inventory)
+    curl = next(line for line in up.splitlines() if line.startswith("curl -s "))
+    assert curl.startswith(f"curl -s --cacert {ca} https://"), curl
+    assert "Authorization: Bearer sk-lab-" in curl
+    answer = json.loads(run(["bash", "-c", curl], cwd=work, env=env, timeout=120).stdout)
+    assert answer["object"] == "text_completion" and "text" in answer["choices"][0], answer
+
+    values = yaml.safe_load((inventory / "group_vars" / "all" / "secrets.yml").read_text())
+    address = yaml.safe_load((inventory / "host_vars" / f"{balancer}.yml").read_text())
+    endpoint = f"{address['inferfleet_address']}:8080"
+    client = openai.OpenAI(
+        base_url=f"https://{endpoint}/v1",
+        api_key=values["inferfleet_lab_api_key"],
+        http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=ca)),
+    )
+    answer = client.completions.create(
+        model="tiny-llama", prompt="Hello, fleet", max_tokens=8, temperature=0
+    )
+    assert answer.choices[0].text, answer
+    with pytest.raises(openai.APIConnectionError):
+        openai.OpenAI(base_url=f"https://{endpoint}/v1", api_key="x", max_retries=0).models.list()
+    plain = subprocess.run(
+        ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"http://{endpoint}/v1/models"],
+        capture_output=True,
+        text=True,
+    )
+    assert not plain.stdout.startswith("2"), plain
+
+
+def _status_and_failover(cli: Path, work: Path, env: dict, nodes: list, balancer: str) -> None:
+    status = run([cli, "status", "--json"], cwd=work, env=env, timeout=300)
+    # Ansible reads the inventory directory, and nothing in it but the inventory.
+    assert "Unable to parse" not in status.stderr, status.stderr
+    seen = json.loads(status.stdout)["nodes"]
+    assert sorted(n["host"] for n in seen) == sorted(nodes)
+    for node in seen:
+        assert node["unit"] == "active" and node["healthy"], node
+        assert node["model_version"] == "v1" and node["manifest_digest"].startswith("sha256:")
+        assert node["engine_version"], node
+        assert node["lb"] == f"{balancer}: UP", node
+    assert len({n["manifest_digest"] for n in seen}) == 1
+
+    time.sleep(10)  # past the lab's slow start (load_balancer_slowstart: 10s)
+    verify = subprocess.run(
+        [cli, "verify", "--json", "--count", "48", "--failover"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    report = json.loads(verify.stdout)
+    assert verify.returncode == 0 and report["ok"], verify.stdout + verify.stderr
+    assert report["load"]["sent"] == 48 and report["load"]["failed"] == 0
+    # The last node's engine stopped and started under load: no request failed, HAProxy
+    # took it out once it stopped answering (3 failed checks, 2 s apart) and put it back
+    # once it answered again, and it served afterwards.
+    failover = report["failover"]
+    assert failover["host"] == nodes[-1] and failover["sent"] > 0, failover
+    assert failover["failed"] == 0, failover
+    assert failover["unanswered_after_s"] is not None, failover
+    assert failover["taken_out_after_s"] >= failover["unanswered_after_s"], failover
+    assert failover["put_back_after_s"] >= failover["answers_again_after_s"], failover
+    assert failover["served_after_back"] > 0, failover
+
+
+def _no_secret_leaks(inventory: Path, hosts: list, runs: Path, since: float) -> None:
+    """After deploy, status and verify; the S3 access key is an identifier, not a secret."""
+    secrets_file = inventory / "group_vars" / "all" / "secrets.yml"
+    assert secrets_file.stat().st_mode & 0o777 == 0o600
+    values = yaml.safe_load(secrets_file.read_text())
+    public = {
+        "inferfleet_lab_s3_access_key",
+        "inferfleet_lab_tls_ca",
+        "inferfleet_lab_tls_certificate",
+    }
+    assert "inferfleet_lab_tls_key" in values
+    # One line each (grep -F takes a pattern per line): a PEM key's base64 lines.
+    secrets = [
+        line
+        for k, v in values.items()
+        if k not in public
+        for line in str(v).splitlines()
+        if line.strip() and not line.startswith("-----")
+    ]
+    assert secret_leaks(secrets, hosts, runs, since) == []
+
+
+def test_the_installed_cli_runs_the_lab(installed, node_image, wheelhouse):
     """node_image and wheelhouse: built under the suite's locks, found by `lab up`."""
     cli, work, env = installed["bin"] / "inferfleet", installed["work"], installed["env"]
     inventory = installed["lab_inventory"]
+    started = time.time()
     try:
         run([cli, "lab", "up", "--no-deploy"], cwd=work, env=env)
         groups = yaml.safe_load((inventory / "hosts.yml").read_text())["all"]["children"]
-        node, balancer = next(iter(groups["inference"]["hosts"])), \
-            next(iter(groups["loadbalancers"]["hosts"]))
-        report = operators_playbook(installed, inventory, node)
+        nodes = list(groups["inference"]["hosts"])
+        (balancer,) = groups["loadbalancers"]["hosts"]
+        report = operators_playbook(installed, inventory, nodes[0])
         assert report["path"] == "/var/lib/inferfleet/models/tiny-llama/current"
         assert report["digest"].startswith("sha256:")
         assert report["again"] is False
 
         # the life-cycle playbooks are collection playbooks, from the operator's collections
-        checked = run([installed["bin"] / "ansible-playbook", "-i", inventory,
-                       "inferfleet.fleet.site", "--syntax-check"], cwd=work, env=env).stdout
+        checked = run(
+            [
+                installed["bin"] / "ansible-playbook",
+                "-i",
+                inventory,
+                "inferfleet.fleet.site",
+                "--syntax-check",
+            ],
+            cwd=work,
+            env=env,
+        ).stdout
         assert f"playbook: {work / 'collections'}" in checked
 
-        up = run([cli, "lab", "up"], cwd=work, env=env, timeout=1200).stdout
-        curl = next(line for line in up.splitlines() if line.startswith("curl -s http://"))
-        answer = json.loads(run(["bash", "-c", curl], cwd=work, env=env, timeout=120).stdout)
-        assert answer["object"] == "text_completion" and "text" in answer["choices"][0], answer
+        up = _lab_up_tls_with_a_second_controller(installed, inventory, balancer)
         (record,) = [json.loads(p.read_text()) for p in (work / "runs").glob("*/record.json")]
         assert (record["command"], record["playbook"], record["rc"]) == ("lab up", "site.yml", 0)
         assert record["inventory"] == str(inventory)
         assert record["stats"]["ok"][balancer] > 0
+        _clients(up, inventory, balancer, work, env)
 
         status = run([cli, "lab", "status"], cwd=work, env=env).stdout
-        assert node in status and balancer in status
+        assert all(host in status for host in [*nodes, balancer]), status
+        _status_and_failover(cli, work, env, nodes, balancer)
+        _no_secret_leaks(inventory, [*nodes, balancer], work / "runs", started)
     finally:
-        down = subprocess.run([cli, "lab", "down"], cwd=work, env=env, capture_output=True,
-                              text=True, timeout=300)
+        down = subprocess.run(
+            [cli, "lab", "down"], cwd=work, env=env, capture_output=True, text=True, timeout=300
+        )
     assert down.returncode == 0, down.stdout + down.stderr
     assert labelled("container") == [] and labelled("network") == []
-    assert not inventory.exists()
+    assert not inventory.exists() and not fleet.ca_file(inventory).exists()
