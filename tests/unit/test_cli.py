@@ -226,9 +226,13 @@ def test_status_reads_prometheus_answers_per_instance_and_the_firing_alerts():
     [
         (["rollout", "--serial", "0"], "roll at least one instance per batch"),
         (["rollback", "--max-fail-percentage", "150"], "give a percentage, 0 to 100"),
+        (
+            ["rollout", "-e", "inference_engine_group_backend=ray"],
+            "a rollout does not change a multi-node instance's back end",
+        ),
     ],
 )
-def test_rollout_batch_options_are_checked_before_any_run(tmp_path, runs_dir, args, words):
+def test_rollout_options_are_checked_before_any_run(tmp_path, runs_dir, args, words):
     result = cli.invoke(app, [*args, "-i", str(inventory(tmp_path, {}))])
     assert result.exit_code == 1 and words in result.output
     assert not list(commands(runs_dir))  # no run (the fleet lock may exist)

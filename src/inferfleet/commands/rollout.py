@@ -263,6 +263,14 @@ def rollout(
     pre-fetch everywhere, then drain, switch, wait until ready, re-enable. A failed
     instance goes back to what it ran and the run stops."""
     extra_vars = parse_extra_vars(extra) | _batch_vars(serial, max_fail_percentage)
+    if "inference_engine_group_backend" in extra_vars:
+        # The members of a native group and of a Ray group run different units; a rollout
+        # saves and restores one engine unit, so a failed switch could not go back.
+        fail(
+            "a rollout does not change a multi-node instance's back end "
+            "(inference_engine_group_backend): its members run different units, and a failed "
+            "switch could not be undone. docs/pipeline.md says what is supported"
+        )
     if version is not None:
         extra_vars["inferfleet_model_version"] = version
     extra_vars |= _release_vars(extra_vars) | {"rollout_release_reset": from_inventory}
