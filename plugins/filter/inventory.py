@@ -6,8 +6,10 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.inferfleet.fleet.plugins.module_utils.group import group_problems
 from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import (
     InventoryError,
+    instance_models,
     instances,
     rank_of,
+    served_model,
     serving_nodes,
 )
 
@@ -15,6 +17,14 @@ from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import 
 def _instances(hosts, hostvars):
     try:
         return instances(list(hosts), hostvars)
+    except InventoryError as err:
+        raise AnsibleFilterError(str(err)) from err
+
+
+def _instance_models(hosts, hostvars):
+    """{instance: {"served", "name", "version"}}: the model each instance serves."""
+    try:
+        return instance_models(_instances(hosts, hostvars), hostvars)
     except InventoryError as err:
         raise AnsibleFilterError(str(err)) from err
 
@@ -103,6 +113,8 @@ class FilterModule:
     def filters(self):
         return {
             "instances": _instances,
+            "instance_models": _instance_models,
+            "served_model": served_model,
             "rank": _rank,
             "serving_nodes": _serving,
             "serving_nodes_of": _serving_of,

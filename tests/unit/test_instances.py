@@ -1,10 +1,15 @@
 import pytest
 from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import (
     InventoryError,
+    instance_models,
     instances,
     rank_of,
     serving_nodes,
 )
+
+
+def served_models(models):
+    return sorted({model["served"] for model in models.values()})
 
 
 def test_default_every_node_is_its_own_instance():
@@ -72,3 +77,72 @@ def test_the_first_instance_to_bring_up_alone_is_the_first_with_no_node_serving(
     assert first(hosts, hv) == ["c"]
     hv["c"]["rollout_serving"] = True
     assert first(hosts, hv) == []  # every instance serves: nothing to bring up alone
+
+
+FLEET = {"inferfleet_model_name": "llama", "inferfleet_model_version": "v1"}
+
+
+def test_a_single_model_fleet_serves_the_fleet_wide_model_everywhere():
+    hv = {"a": dict(FLEET), "p0": {**FLEET, "inferfleet_instance": "big"}}
+    hv["p1"] = dict(hv["p0"])
+    models = instance_models(instances(["a", "p0", "p1"], hv), hv)
+    llama = {"served": "llama", "name": "llama", "version": "v1"}
+    assert models == {"a": llama, "big": llama}
+    assert served_models(models) == ["llama"]
+
+
+def test_two_groups_serve_two_models():
+    qwen = {"inferfleet_model_name": "qwen", "inferfleet_model_version": 3}  # a group's vars
+    hv = {"a": dict(FLEET), "b": dict(FLEET), "q": {**FLEET, **qwen}}
+    models = instance_models(instances(["a", "b", "q"], hv), hv)
+    assert models["a"] == models["b"] == {"served": "llama", "name": "llama", "version": "v1"}
+    assert models["q"] == {"served": "qwen", "name": "qwen", "version": "3"}
+    assert served_models(models) == ["llama", "qwen"]
+
+
+def test_members_of_one_instance_must_serve_one_model():
+    hv = {
+        "n1": {**FLEET, "inferfleet_instance": "g"},
+        "n2": {**FLEET, "inferfleet_instance": "g", "model_sync_version": "v2"},
+    }
+    with pytest.raises(InventoryError) as err:
+        instance_models(instances(["n1", "n2"], hv), hv)
+    message = str(err.value)
+    for words in ["instance g (n1, n2)", "disagree on the version", "n1=v1, n2=v2"]:
+        assert words in message
+    assert "weights name" not in message  # only what differs is listed
+
+
+def test_one_served_name_for_two_models_is_refused():
+    hv = {
+        "a": dict(FLEET),
+        "q": {**FLEET, "model_sync_name": "qwen", "inference_engine_served_model_name": "llama"},
+    }
+    with pytest.raises(InventoryError) as err:
+        instance_models(instances(["a", "q"], hv), hv)
+    for words in ["instances a (a) and q (q)", "both serve llama", "(llama and qwen)"]:
+        assert words in str(err.value)
+
+
+def test_versions_may_differ_between_instances_during_a_rollout():
+    hv = {"a": dict(FLEET), "b": {**FLEET, "model_sync_version": "v2"}}
+    models = instance_models(instances(["a", "b"], hv), hv)
+    assert (models["a"]["version"], models["b"]["version"]) == ("v1", "v2")
+    assert served_models(models) == ["llama"]
+
+
+def test_an_explicit_served_name_overrides_the_model_name():
+    hv = {
+        "a": {**FLEET, "inference_engine_served_model_name": "chat"},
+        "b": {**FLEET, "inference_engine_served_model_name": ""},  # empty: the default
+    }
+    models = instance_models(instances(["a", "b"], hv), hv)
+    assert models["a"] == {"served": "chat", "name": "llama", "version": "v1"}
+    assert models["b"]["served"] == "llama"
+    assert served_models(models) == ["chat", "llama"]
+
+
+def test_a_host_with_no_model_is_refused():
+    hv = {"a": dict(FLEET), "b": {"inferfleet_model_version": "v1"}}
+    with pytest.raises(InventoryError, match="b: no model served name or weights name"):
+        instance_models(instances(["a", "b"], hv), hv)

@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "tests" / "fixtures" / "configs"
 
 
-def run_site(tmp_path: Path, group_vars: dict, hosts=("n1", "n2")) -> subprocess.CompletedProcess:
+def run_site(
+    tmp_path: Path, group_vars: dict, hosts=("n1", "n2"), host_vars: dict | None = None
+) -> subprocess.CompletedProcess:
     inventory = {
         "all": {
             # the fleet's lock in this test's folder (a refused run keeps it)
@@ -21,7 +23,7 @@ def run_site(tmp_path: Path, group_vars: dict, hosts=("n1", "n2")) -> subprocess
                 "ansible_python_interpreter": sys.executable,
                 "inferfleet_lock_path": str(tmp_path / "lock"),
             },
-            "children": {"inference": {"hosts": dict.fromkeys(hosts)}},
+            "children": {"inference": {"hosts": {h: (host_vars or {}).get(h) for h in hosts}}},
         }
     }
     (tmp_path / "inv").mkdir()
@@ -104,3 +106,16 @@ def test_unknown_accelerator_is_refused(tmp_path):
     done = run_site(tmp_path, {**BASE, "inferfleet_accelerator": "tpu"})
     assert done.returncode != 0
     assert "set inferfleet_accelerator to cpu or nvidia (now tpu)" in done.stdout
+
+
+def test_members_of_one_instance_on_different_models_are_refused(tmp_path):
+    host_vars = {
+        "n1": {"inferfleet_instance": "g", "inferfleet_model_name": "llama"},
+        "n2": {"inferfleet_instance": "g", "inferfleet_model_name": "qwen"},
+    }
+    done = run_site(tmp_path, BASE, host_vars=host_vars)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "instance g (n1, n2)" in out
+    assert "n1=llama, n2=qwen" in out
+    assert "Sync the model weights" not in out
