@@ -10,11 +10,13 @@ defaults, so mixed hardware is described where the hardware is: on the host.
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import (
     InventoryError,
+    served_model,
     whole_number,
 )
 
@@ -26,13 +28,25 @@ def _int(host: str, name: str, value) -> int:
         raise AnsibleFilterError(str(err)) from err
 
 
-def load_balancer_servers(instances: Mapping, hostvars: Mapping, defaults: Mapping) -> list:
-    """One server per instance, named after the instance, pointing at its rank 0.
+def backend_name(base: str, model: str, default_model: str) -> str:
+    """The backend of a model's instances: `base` for the fleet's default model (so a
+    single-model fleet's backend keeps its name, and adding or removing another model
+    never renames it), `base_<model>` for every other, with each character a proxy name
+    cannot hold as `_`."""
+    if model == default_model:
+        return base
+    return f"{base}_{re.sub(r'[^A-Za-z0-9_.-]', '_', model)}"
 
-    `defaults` holds `port`, `weight` and `maxconn`; a serving host overrides them
-    with `inference_engine_port`, `load_balancer_backend_weight` and
-    `load_balancer_backend_maxconn`, and its address with `load_balancer_backend_address`
-    (else `ansible_host`, else its inventory name).
+
+def load_balancer_servers(instances: Mapping, hostvars: Mapping, defaults: Mapping) -> list:
+    """One server per instance, named after the instance, pointing at its rank 0, in the
+    backend of the model the instance serves (its `model` and `backend`).
+
+    `defaults` holds `port`, `weight`, `maxconn`, `backend` (the base backend name) and
+    `model` (the fleet's default model, whose backend is `backend` itself); a
+    serving host overrides the first three with `inference_engine_port`,
+    `load_balancer_backend_weight` and `load_balancer_backend_maxconn`, and its address
+    with `load_balancer_backend_address` (else `ansible_host`, else its inventory name).
     """
     servers = []
     for name, members in instances.items():
@@ -45,6 +59,7 @@ def load_balancer_servers(instances: Mapping, hostvars: Mapping, defaults: Mappi
             {
                 "name": str(name),
                 "host": host,
+                "model": served_model(hv),
                 "members": list(members),
                 "address": str(address),
                 "port": _int(
@@ -61,18 +76,31 @@ def load_balancer_servers(instances: Mapping, hostvars: Mapping, defaults: Mappi
                 ),
             }
         )
+    base, default_model = str(defaults["backend"]), str(defaults.get("model") or "")
+    seen: dict = {}
+    for server in servers:
+        server["backend"] = backend_name(base, server["model"], default_model)
+        seen.setdefault(server["backend"], set()).add(server["model"])
+    clash = next((sorted(models) for models in seen.values() if len(models) > 1), None)
+    if clash:
+        raise AnsibleFilterError(
+            f"the served models {' and '.join(clash)} would share one load balancer backend:"
+            " rename one (inference_engine_served_model_name, or inferfleet_model_name)"
+        )
     return sorted(servers, key=lambda s: s["name"])
 
 
 def haproxy_servers(stat: str, backend: str) -> list:
-    """The servers of `backend` in HAProxy's `show stat` CSV: name, status, weight
-    (effective, ramped by slow start) and uweight (the user weight)."""
+    """The servers of the engines' backends in HAProxy's `show stat` CSV: `backend` and,
+    on a fleet of several models, each model's `backend_<model>`. Name, backend, status,
+    weight (effective, ramped by slow start) and uweight (the user weight)."""
     rows = csv.DictReader(str(stat).lstrip("# ").splitlines())
     return [
-        {"name": r["svname"], "status": r["status"], "weight": r["weight"],
-         "uweight": r.get("uweight", "")}
+        {"name": r["svname"], "backend": r["pxname"], "status": r["status"],
+         "weight": r["weight"], "uweight": r.get("uweight", "")}
         for r in rows
-        if r.get("pxname") == backend and r.get("svname") not in ("FRONTEND", "BACKEND")
+        if (r.get("pxname") == backend or str(r.get("pxname", "")).startswith(f"{backend}_"))
+        and r.get("svname") not in ("FRONTEND", "BACKEND")
     ]
 
 

@@ -101,6 +101,36 @@ CASES = {
         _inventory(backends={"node1": {"inferfleet_instance": "big one"}, "node2": {}}),
         ["instance names big one", "change inferfleet_instance"],
     ),
+    "a key limited to a model no instance serves": (
+        _inventory(lb={"load_balancer_api_keys": [{**GOOD_KEYS[0], "models": ["coder"]}],
+                       "load_balancer_model_rate_limits": {"chat": 10}},
+                   backends={"node1": {"inferfleet_model_name": "chat"}}),
+        ["coder is named in load_balancer_api_keys (models) or load_balancer_model_rate_limits",
+         "no instance serves it (served: chat)"],
+    ),
+    "a per-model limit that is not a number above 0": (
+        _inventory(lb={"load_balancer_model_rate_limits": {"chat": 0}},
+                   backends={"node1": {"inferfleet_model_name": "chat"}}),
+        ["load_balancer_model_rate_limits of chat must be a whole number above 0"],
+    ),
+    "a per-model limit on Nginx": (
+        _inventory(lb={"load_balancer_kind": "nginx",
+                       "load_balancer_model_rate_limits": {"chat": 5}},
+                   backends={"node1": {"inferfleet_model_name": "chat"}}),
+        ["lb1 runs Nginx, which counts requests before it reads their body",
+         "remove load_balancer_model_rate_limits there"],
+    ),
+    "a served name a proxy cannot route by": (
+        _inventory(backends={"node1": {"inferfleet_model_name": "my model"},
+                             "node2": {"inferfleet_model_name": "chat"}}),
+        ['the served model names ["my model"]', "set inference_engine_served_model_name"],
+    ),
+    "two models behind one backend name": (
+        _inventory(lb={"inferfleet_model_name": "chat"},
+                   backends={"node1": {"inferfleet_model_name": "org/m"},
+                             "node2": {"inferfleet_model_name": "org_m"}}),
+        ["the served models org/m and org_m would share one load balancer backend", "rename one"],
+    ),
     "no API keys": (
         _inventory(lb={"load_balancer_api_keys": []}),
         ["no API keys", "set load_balancer_api_keys", "load_balancer_api_keys_required: false"],

@@ -113,12 +113,14 @@ def _inventory(backends: dict[str, dict], variants: dict[str, dict], out: Path) 
     }
 
 
-def _render(tmp: Path, backends: dict[str, dict], only: tuple[str, ...] = ()) -> Path:
+def _render(tmp: Path, backends: dict[str, dict], only: tuple[str, ...] = (),
+            extra: dict | None = None) -> Path:
     out = tmp / "out"
     out.mkdir()
     variants = _variants(_self_signed(tmp))
     if only:
         variants = {name: variants[name] for name in only}
+    variants = {name: {**hostvars, **(extra or {})} for name, hostvars in variants.items()}
     inventory = _inventory(backends, variants, out)
     (tmp / "inventory.yml").write_text(yaml.safe_dump(inventory))
     (tmp / "render.yml").write_text(PLAYBOOK)
@@ -146,6 +148,31 @@ THREE = {
     "node4": {"ansible_host": "10.0.0.14", "inferfleet_instance": "big", "inferfleet_rank": 0},
     "small": {"load_balancer_backend_address": "10.0.0.20"},
 }
+
+
+# Two models: alpha (the fleet's default, group_vars/all) on node1 and node2, beta on node3;
+# bob may use beta only, and beta has a per-key limit of its own.
+MODELS = {
+    "node1": {"ansible_host": "10.0.0.11", "inferfleet_model_name": "alpha"},
+    "node2": {"ansible_host": "10.0.0.12", "inferfleet_model_name": "alpha"},
+    "node3": {"ansible_host": "10.0.0.13", "inferfleet_model_name": "org/beta-1.5"},
+}
+MODEL_KEYS = [KEYS[0], {**KEYS[1], "models": ["org/beta-1.5"]}]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> Path:
+    return _render(tmp_path_factory.mktemp("models"), MODELS, only=("haproxy",),
+                   extra={"inferfleet_model_name": "alpha", "load_balancer_api_keys": MODEL_KEYS,
+                          "load_balancer_model_rate_limits": {"org/beta-1.5": 30}})
+
+
+@pytest.fixture(scope="module")
+def models_nginx(tmp_path_factory) -> Path:
+    """The same fleet behind Nginx, which cannot limit per model (it counts requests
+    before it reads their body)."""
+    return _render(tmp_path_factory.mktemp("models_nginx"), MODELS, only=("nginx",),
+                   extra={"inferfleet_model_name": "alpha", "load_balancer_api_keys": MODEL_KEYS})
 
 
 @pytest.fixture(scope="module")
@@ -332,6 +359,90 @@ def test_haproxy_open_endpoint_limits_per_client_address(two):
     assert not any("upstream" in line for line in
                    _section((two / "haproxy_open" / "haproxy.cfg").read_text(),
                             "backend inferfleet_engines"))
+
+
+def test_haproxy_routes_each_model_to_its_own_backend(models):
+    _haproxy_check(models / "haproxy")
+    cfg = (models / "haproxy" / "haproxy.cfg").read_text()
+    # The default model keeps the single-model backend's name; the other gets its own.
+    alpha = _section(cfg, "backend inferfleet_engines")
+    beta = _section(cfg, "backend inferfleet_engines_org_beta-1.5")
+    assert [line for line in alpha if line.startswith("server ")] == [
+        "server node1 10.0.0.11:8000 weight 100 maxconn 64",
+        "server node2 10.0.0.12:8000 weight 100 maxconn 64",
+    ]
+    assert [line for line in beta if line.startswith("server ")] == [
+        "server node3 10.0.0.13:8000 weight 100 maxconn 64"]
+    assert "option httpchk" in beta and "balance leastconn" in beta
+    public = _section(cfg, "frontend inferfleet_public")
+    assert "http-request set-var(txn.model) req.body,json_query('$.model') if METH_POST" in public
+    assert "use_backend inferfleet_engines if { var(txn.model) -m str alpha }" in public
+    assert ("use_backend inferfleet_engines_org_beta-1.5 if { var(txn.model) -m str org/beta-1.5 }"
+            in public)
+    assert "tune.bufsize 262144" in _section(cfg, "global")
+
+    def rule(word: str) -> list[str]:
+        return [line for line in public if word in line]
+
+    missing, = rule("missing_model")
+    assert missing.startswith("http-request return status 400 ")
+    assert missing.endswith("if METH_POST !{ var(txn.model) -m found }")
+    unknown, = rule("model_not_found")
+    assert unknown.startswith("http-request return status 404 ")
+    assert "served: alpha, org/beta-1.5" in unknown
+    assert unknown.endswith("!{ var(txn.model) -m str alpha org/beta-1.5 }")
+    forbidden, = rule("model_not_allowed")
+    assert forbidden.startswith("http-request return status 403 ")
+    assert "{ var(txn.key_id) -m str bob }" in forbidden
+    assert forbidden.endswith("!{ var(txn.model) -m str org/beta-1.5 }")
+    listing = rule("if { path /v1/models } METH_GET")
+    assert len(listing) == 2  # bob's own list, then everyone else's
+    assert '"id":"org/beta-1.5"' in listing[0] and '"id":"alpha"' not in listing[0]
+    assert '"id":"alpha"' in listing[1] and '"id":"org/beta-1.5"' in listing[1]
+    limit = "set-var(txn.model_limit) int(30) if { var(txn.model) -m str org/beta-1.5 }"
+    assert f"http-request {limit}" in public
+    assert "stick-table type string len 192" in " ".join(
+        _section(cfg, "backend inferfleet_rate_by_model"))
+    # The key is checked, then the path, then the per-key rate, then the model.
+    order = [public.index(r) for r in (rule("status 401")[0], rule("deny_status 403")[0],
+                                       rule("track-sc0")[0], unknown, forbidden,
+                                       rule("del-header Authorization")[0])]
+    assert order == sorted(order)
+
+
+def test_nginx_routes_each_model_to_its_own_upstream(models_nginx):
+    _nginx_check(models_nginx / "nginx")
+    conf = (models_nginx / "nginx" / "nginx.conf").read_text()
+    lines = _directives(conf)
+    assert "upstream inferfleet_engines {" in lines
+    assert "upstream inferfleet_engines_org_beta-1.5 {" in lines
+    beta = conf[conf.index("upstream inferfleet_engines_org_beta-1.5 {"):]
+    assert [line for line in _directives(beta[:beta.index("}")]) if line.startswith("server ")] \
+        == ["server 10.0.0.13:8000 weight=100 max_fails=3 fail_timeout=10s max_conns=64;"]
+    # Every inference path reads the body first, then goes where the maps say.
+    for path in ["/v1/completions", "/v1/chat/completions", "/v1/embeddings"]:
+        block = conf[conf.index(f"location = {path} {{"):]
+        block = _directives(block[:block.index("}")])
+        assert "mirror /inferfleet-read-body;" in block and "mirror_request_body on;" in block
+        assert "proxy_pass http://$inferfleet_route;" in block
+    models_block = conf[conf.index("location = /v1/models {"):]
+    assert "return 200 $inferfleet_models;" in models_block[:models_block.index("}")]
+    assert '"alpha" inferfleet_engines;' in lines
+    assert '"org/beta-1.5" inferfleet_engines_org_beta-1.5;' in lines
+    assert '"" 127.0.0.1:8404/inferfleet-refused/missing;' in lines
+    assert "default 127.0.0.1:8404/inferfleet-refused/unknown?model=$inferfleet_model;" in lines
+    assert '"~^bob:" 0;' in lines and '"bob:org/beta-1.5" 1;' in lines
+    assert "client_max_body_size 262144;" in lines and "client_body_in_single_buffer on;" in lines
+
+
+def test_a_single_model_fleet_keeps_its_configuration(two):
+    cfg = (two / "haproxy" / "haproxy.cfg").read_text()
+    directives = [line.strip() for line in cfg.splitlines()
+                  if line.strip() and not line.strip().startswith("#")]
+    assert not [line for line in directives if "txn.model" in line or "tune.bufsize" in line]
+    assert [line for line in directives if line.startswith("backend ")] == [
+        "backend inferfleet_engines"]
+    assert "default_backend inferfleet_engines" in _section(cfg, "frontend inferfleet_public")
 
 
 # --- Nginx ---------------------------------------------------------------------------------

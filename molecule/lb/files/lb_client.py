@@ -3,8 +3,8 @@
 
 Prints one JSON object: the count of each status (or "error" for a failed connection,
 with the reason in "errors": a refused connection, or a timeout where a firewall drops),
-the count of each backend that answered (the fake engines name themselves), and for a
-stream the seconds to its first and last byte.
+the count of each backend that answered (the fake engines name themselves), for a
+stream the seconds to its first and last byte, and the last answer's headers and body.
 """
 
 import argparse
@@ -46,6 +46,7 @@ def one(url, method, key, body, stream, timeout=30.0):
             except (ValueError, AttributeError):
                 continue
         received = {name.lower(): value for name, value in resp.getheaders()}
+        received["body"] = data.decode(errors="replace")[:1000]
         return str(resp.status), served_by, first, last, received
     except OSError as err:
         return "error", f"{type(err).__name__}: {err}", None, None, {}
@@ -61,9 +62,12 @@ def main():
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--key-env", default="LB_KEY", help="environment variable with the key")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per connection")
+    parser.add_argument("--model", default="fake", help='the model asked for ("" for none)')
     args = parser.parse_args()
     key = os.environ.get(args.key_env, "")
-    payload = {"model": "fake", "prompt": "hi", "max_tokens": 4}
+    payload = {"model": args.model, "prompt": "hi", "max_tokens": 4}
+    if not args.model:
+        del payload["model"]
     if args.stream:
         payload.update(stream=True, chunks=5, interval=0.5)
     body = json.dumps(payload)
@@ -85,7 +89,8 @@ def main():
                 "served_by": backends,
                 "errors": errors,
                 "timings": timings,
-                "last_headers": headers,
+                "last_headers": {k: v for k, v in headers.items() if k != "body"},
+                "last_body": headers.get("body", ""),
             }
         )
     )

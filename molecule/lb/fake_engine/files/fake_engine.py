@@ -4,7 +4,8 @@
 Answers like the real engine where the load balancer cares: GET /health is 200 (503
 while /run/fake-engine-loading exists: "the model is still loading"), /v1/* needs the
 engine's own key when one is set, /v1/completions names the host that served it and can
-stream, and /tokenize exists (the load balancer must refuse it). While
+stream, a request for another model than the one it serves gets vLLM's 404, and
+/tokenize exists (the load balancer must refuse it). While
 /run/fake-engine-stopping exists it answers completions with 500 and /health with 200,
 as vLLM does during its graceful shutdown.
 """
@@ -22,6 +23,7 @@ STOPPING_FLAG = "/run/fake-engine-stopping"
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     name = ""
+    model = ""
     api_key = ""
 
     def log_message(self, *args):
@@ -59,7 +61,7 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(200, {"status": "ok"})
         elif self.path == "/v1/models":
             if self._authorized():
-                self._json(200, {"object": "list", "data": [{"id": "fake"}],
+                self._json(200, {"object": "list", "data": [{"id": self.model}],
                                  "served_by": self.name})
         else:
             self._json(404, {"error": "not found"})
@@ -71,7 +73,10 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path in ("/v1/completions", "/v1/chat/completions"):
             if not self._authorized():
                 return
-            if os.path.exists(STOPPING_FLAG):
+            if body.get("model", self.model) != self.model:
+                self._json(404, {"error": {"message": f"The model `{body.get('model')}` does"
+                                           " not exist.", "code": 404}, "served_by": self.name})
+            elif os.path.exists(STOPPING_FLAG):
                 self._json(500, {"error": {"message": "cannot schedule new futures after shutdown",
                                            "code": 500}})
             elif body.get("stream"):
@@ -102,8 +107,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", required=True)
+    parser.add_argument("--model", required=True)
     args = parser.parse_args()
     Handler.name = args.name
+    Handler.model = args.model
     Handler.api_key = os.environ.get("FAKE_ENGINE_API_KEY", "")
     ThreadingHTTPServer(("0.0.0.0", args.port), Handler).serve_forever()
 
