@@ -4,8 +4,9 @@ One list of file_sd target groups per scrape job, so a node added to the invento
 scraped after the next run of the role (Prometheus re-reads the files on change, without
 a reload). Every target carries `instance` = the host's inventory name, so series of
 different jobs on the same host join on `instance`; inference hosts also carry their
-model instance, rank and the instance's size (`inferfleet_instances`, the same
-derivation the load balancer uses).
+model instance, rank, the instance's size (`inferfleet_instances`, the same derivation
+the load balancer uses) and the model it serves (`inferfleet_model`, the name clients ask
+for), so every alert can speak per model.
 
 Per-host settings are read from the host's own variables, falling back to the defaults
 passed in (the owning roles' defaults), as the load balancer role does for its servers.
@@ -20,6 +21,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import (
     InventoryError,
     instances,
+    served_model,
     whole_number,
 )
 
@@ -70,7 +72,7 @@ def _unique(hosts: Sequence[str]) -> list[str]:
 
 
 def _members(groups: Mapping, hostvars: Mapping) -> dict[str, dict]:
-    """host -> {inferfleet_instance, inferfleet_rank, inferfleet_instance_size}."""
+    """host -> {inferfleet_instance, _rank, _instance_size, inferfleet_model}."""
     engines = list(groups.get("inference", []))
     if not engines:
         return {}
@@ -80,11 +82,13 @@ def _members(groups: Mapping, hostvars: Mapping) -> dict[str, dict]:
         raise AnsibleFilterError(str(err)) from err
     out = {}
     for name, members in by_instance.items():
+        model = served_model(_hv(hostvars, members[0]))
         for rank, host in enumerate(members):
             out[host] = {
                 "inferfleet_instance": str(name),
                 "inferfleet_rank": str(rank),
                 "inferfleet_instance_size": str(len(members)),
+                "inferfleet_model": model,
             }
     return out
 

@@ -57,7 +57,7 @@ ENGINES = {
     "gpu-b0": {"ansible_host": "10.0.0.14", "inferfleet_instance": "big", "inferfleet_rank": 0,
                "inference_engine_port": 8001},
     "cpu-c": {"ansible_host": "10.0.0.20", "inferfleet_accelerator": "cpu",
-              "monitoring_scrape_address": "10.1.0.20"},
+              "monitoring_scrape_address": "10.1.0.20", "inferfleet_model_name": "coder"},
 }
 LBS = {
     "lb1": {"ansible_host": "192.0.2.1", "load_balancer_admin_address": "10.0.0.1"},
@@ -78,6 +78,8 @@ def _render(tmp: Path, lbs: dict, extra: dict | None = None) -> subprocess.Compl
     out = tmp / "etc-prometheus"
     inventory = {
         "all": {
+            # The fleet's model; cpu-c serves another.
+            "vars": {"inferfleet_model_name": "m"},
             "children": {
                 "inference": {"hosts": ENGINES},
                 "loadbalancers": {"hosts": lbs},
@@ -148,13 +150,13 @@ def test_engine_targets_are_every_instances_rank_0(rendered):
     assert engines == {
         "cpu-c": {"targets": ["10.1.0.20:8000"], "instance": "cpu-c",
                   "inferfleet_instance": "cpu-c", "inferfleet_rank": "0",
-                  "inferfleet_instance_size": "1"},
+                  "inferfleet_instance_size": "1", "inferfleet_model": "coder"},
         "gpu-a": {"targets": ["10.0.0.11:8000"], "instance": "gpu-a",
                   "inferfleet_instance": "gpu-a", "inferfleet_rank": "0",
-                  "inferfleet_instance_size": "1"},
+                  "inferfleet_instance_size": "1", "inferfleet_model": "m"},
         "gpu-b0": {"targets": ["10.0.0.14:8001"], "instance": "gpu-b0",
                    "inferfleet_instance": "big", "inferfleet_rank": "0",
-                   "inferfleet_instance_size": "2"},
+                   "inferfleet_instance_size": "2", "inferfleet_model": "m"},
     }
 
 
@@ -164,7 +166,7 @@ def test_every_host_has_a_node_exporter_target_with_its_instance(rendered):
     # The pipeline's rank 1 serves no HTTP, but its node exporter tells whether its engine runs.
     assert nodes["gpu-b1"] == {"targets": ["10.0.0.13:9100"], "instance": "gpu-b1",
                                "inferfleet_instance": "big", "inferfleet_rank": "1",
-                               "inferfleet_instance_size": "2"}
+                               "inferfleet_instance_size": "2", "inferfleet_model": "m"}
     assert nodes["lb1"] == {"targets": ["192.0.2.1:9100"], "instance": "lb1"}
     assert nodes["mon"]["targets"] == ["mon:9100"]
 
