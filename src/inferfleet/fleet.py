@@ -8,7 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import instances
+from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import (
+    instances,
+    model_of,
+    served_model,
+)
 
 from inferfleet.paths import COLLECTION
 
@@ -30,6 +34,8 @@ class Node:
     port: int
     instance: str
     rank: int
+    model: str = ""  # the name clients ask for (served_model: the host's variables)
+    version: str = ""  # the model version the inventory gives it
 
     @property
     def base(self) -> str:
@@ -38,9 +44,9 @@ class Node:
 
 @dataclass
 class Fleet:
-    model: str
+    model: str  # the first instance's model
     engine_key: str
-    api_key: str
+    api_key: str  # the first API key
     nodes: list[Node]
     balancers: list[str]  # base URLs of the public listeners
     admin: list[str]  # base URLs of the load balancers' admin listeners
@@ -49,10 +55,26 @@ class Fleet:
     slowstart: float = 60.0  # seconds a returning backend ramps up (load_balancer_slowstart)
     max_num_seqs: int = 256  # requests an engine runs at once (vLLM's default when unset)
     ca: str = ""  # the CA clients trust for the TLS listeners (load_balancer_tls_ca_certificate)
+    keys: list[dict] | None = None  # load_balancer_api_keys: {id, key, models (optional)}
 
     @property
     def serving(self) -> list[Node]:
         return [n for n in self.nodes if n.rank == 0]
+
+    @property
+    def models(self) -> list[str]:
+        """Every served model, the first instance's first."""
+        return list(dict.fromkeys(n.model for n in self.serving))
+
+    def serving_of(self, model: str) -> list[Node]:
+        return [n for n in self.serving if n.model == model]
+
+    def key_for(self, model: str) -> str:
+        """An API key that may use `model` (a key without `models` may use every one)."""
+        for entry in self.keys or []:
+            if "models" not in entry or model in entry["models"]:
+                return str(entry["key"])
+        return self.api_key
 
     def members(self, instance: str) -> list[str]:
         """The hosts of an instance, rank 0 first."""
@@ -97,6 +119,8 @@ def load(inventory: Path) -> Fleet:
                     int({**defaults, **v}["inference_engine_port"]),
                     name,
                     rank,
+                    served_model(hv[members[0]]),
+                    model_of(members[0], hv)["version"],
                 )
             )
     balancers, admin = [], []
@@ -112,10 +136,7 @@ def load(inventory: Path) -> Fleet:
     first = hv[engine_hosts[0]] if engine_hosts else {}
     keys = lb_vars.get("load_balancer_api_keys") or []
     return Fleet(
-        model=str(
-            first.get("inference_engine_served_model_name")
-            or first.get("inferfleet_model_name", "")
-        ),
+        model=served_model(first),
         engine_key=str(first.get("inference_engine_api_key") or ""),
         api_key=str(keys[0]["key"]) if keys else "",
         nodes=nodes,
@@ -126,4 +147,5 @@ def load(inventory: Path) -> Fleet:
         slowstart=duration(lb_vars["load_balancer_slowstart"]),
         max_num_seqs=int(first.get("inference_engine_max_num_seqs") or 256),
         ca=str(lb_vars.get("load_balancer_tls_ca_certificate") or ""),
+        keys=list(keys),
     )

@@ -99,9 +99,12 @@ def _open(text: str):
     return head, doc, serving, holder, standby
 
 
-def join(text: str, hosts: Iterable[str], instance: str | None = None) -> str:
+def join(
+    text: str, hosts: Iterable[str], instance: str | None = None, host_vars: dict | None = None
+) -> str:
     """Put `hosts` in the serving group: back from standby with their variables, or new
-    (with `inferfleet_instance` when given). Hosts already serving are left as they are."""
+    (with `inferfleet_instance` when given, and `host_vars` set on each). Hosts already
+    serving are left as they are."""
     head, doc, serving, holder, standby = _open(text)
     for host in hosts:
         if host in _hosts(serving):
@@ -110,10 +113,12 @@ def join(text: str, hosts: Iterable[str], instance: str | None = None) -> str:
             value = _hosts(standby).pop(host)
         else:
             value = CommentedMap()
-        if instance is not None:
+        if instance is not None or host_vars:
             if value is None:
                 value = CommentedMap()
-            value["inferfleet_instance"] = instance
+            if instance is not None:
+                value["inferfleet_instance"] = instance
+            value.update(host_vars or {})
         _hosts(serving)[host] = value
     if standby is not None and not _hosts(standby):
         holder.pop(STANDBY, None)

@@ -484,3 +484,45 @@ def test_a_lock_left_by_a_run_of_this_controller_that_is_gone_is_broken(tmp_path
     # A live one of this controller (this very process) is not broken.
     _locked_by(tmp_path, runner.holder("rollout") | {"token": "live", "since": "now"})
     assert cli.invoke(app, ["deploy", "-i", str(inv)]).exit_code == runner.LOCKED
+
+
+def two_model_inventory(tmp_path: Path) -> Path:
+    """n1 serves a, n2 serves b (the fleet-wide default is a); the preflight refuses (tpu)."""
+    inv = inventory(
+        tmp_path,
+        {
+            "inferfleet_accelerator": "tpu",
+            "inferfleet_model_name": "a",
+            "inferfleet_model_version": "v1",
+        },
+    )
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    engines = {"n1": None, "n2": {"inferfleet_model_name": "b"}}
+    hosts["all"]["children"]["inference"]["hosts"] = engines
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    return inv
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["rollout", "--version", "v2"], "serves a, b: name the one to rollout with --model"),
+        (["rollback"], "serves a, b: name the one to rollback with --model"),
+        (["rollout", "--model", "c", "--version", "v2"], "--model c: no instance serves it"),
+    ],
+)
+def test_a_fleet_of_several_models_rolls_one_model_at_a_time(tmp_path, runs_dir, args, words):
+    result = cli.invoke(app, [*args, "-i", str(two_model_inventory(tmp_path))])
+    assert result.exit_code == 1, result.output
+    assert words in " ".join(result.output.split())
+    assert not list(commands(runs_dir))
+
+
+@pytest.mark.parametrize("command", [["rollout", "--version", "v2"], ["rollback"]])
+def test_a_models_rollout_is_limited_to_its_instances_and_the_load_balancers(
+    tmp_path, runs_dir, command
+):
+    result = cli.invoke(app, [*command, "--model", "b", "-i", str(two_model_inventory(tmp_path))])
+    assert result.exit_code == 4, result.output  # the preflight refused: nothing ran
+    (record,) = [json.loads(p.read_text()) for p in commands(runs_dir)]
+    assert record["limit"] == "n2,loadbalancers"

@@ -90,6 +90,13 @@ def test_join_adds_new_hosts_as_one_instance_and_leaves_serving_ones_alone():
     assert hosts["node3"] == hosts["node4"] == {"inferfleet_instance": "big"}
 
 
+def test_join_can_say_which_model_the_new_hosts_serve():
+    joined = edit.join(LAB, ["node3"], host_vars={"inferfleet_model_name": "coder",
+                                                  "inferfleet_model_version": "v7"})
+    assert groups(joined)["inference"]["node3"] == {"inferfleet_model_name": "coder",
+                                                    "inferfleet_model_version": "v7"}
+
+
 @pytest.mark.parametrize(
     ("text", "hosts", "words"),
     [
@@ -201,6 +208,8 @@ def test_a_refused_add_takes_the_host_back_out_of_the_inventory(tmp_path, runs_d
         (["--add", "a", "--remove", "b"], "give --add HOST... or --remove HOST..."),
         (["--remove", "a", "--instance", "x"], "--instance names the instance"),
         (["--add", "a", "--purge-model"], "--purge-model goes with --remove"),
+        (["--remove", "n1", "--model", "m"], "--model names the model that --add hosts serve"),
+        (["--add", "n2", "--model", "zz"], "--model zz: no instance serves it"),
     ],
 )
 def test_bad_options_are_refused_before_any_run(tmp_path, runs_dir, args, words):

@@ -58,6 +58,31 @@ def _released(names: list[str]) -> None:
         )
 
 
+def _model_hosts(inventory: Path, model: str | None, command: str) -> tuple[str, str | None]:
+    """The model a rollout or rollback acts on and the run's --limit: every member of that
+    model's instances and the load balancers, whose smoke test ends the run (None: the
+    whole fleet, which serves that one model). A fleet of several models needs --model:
+    a version or setting belongs to one model."""
+    try:
+        fleet = fleet_mod.load(inventory)
+    except Exception as err:  # noqa: BLE001 (one line for a person, not a traceback)
+        fail(f"cannot read the inventory: {err}")
+    served = fleet.models
+    if model is None:
+        if len(served) > 1:
+            fail(
+                f"this fleet serves {', '.join(served)}: name the one to {command} with --model "
+                "(its instances alone change)"
+            )
+        return (served[0] if served else ""), None
+    if model not in served:
+        fail(f"--model {model}: no instance serves it; this fleet serves {', '.join(served)}")
+    if len(served) == 1:
+        return model, None
+    hosts = [h for n in fleet.serving_of(model) for h in fleet.members(n.instance)]
+    return model, ",".join([*hosts, "loadbalancers"])
+
+
 def _metrics(fleet: fleet_mod.Fleet) -> dict[str, c.Snapshot]:
     out = {}
     for node in fleet.serving:
@@ -75,18 +100,21 @@ def _canary_window(
     requests: int,
     load: int,
 ) -> tuple[c.Side, c.Side]:
-    """Watch the canary and the old instances over the same window of traffic: until
-    `seconds` have passed or the canary has answered `requests` (0: no such limit)."""
+    """Watch the canary and the old instances of its model over the same window of
+    traffic: until `seconds` have passed or the canary has answered `requests` (0: no
+    such limit)."""
     before = _metrics(fleet)
     started = time.monotonic()
-    with v.LoadLoop(fleet.balancers[:1], fleet.model, fleet.api_key, workers=load, pause=0.2):
+    key = fleet.key_for(node.model)
+    with v.LoadLoop(fleet.balancers[:1], node.model, key, workers=load, pause=0.2):
         while time.monotonic() - started < seconds:
             time.sleep(1)
             if requests and (_metrics(fleet)[node.host] - before[node.host]).requests >= requests:
                 break
     after = _metrics(fleet)
     delta = {h: after[h] - before[h] for h in after}
-    old = [delta[h] for h in delta if h != node.host]
+    peers = {n.host for n in fleet.serving_of(node.model)}
+    old = [delta[h] for h in delta if h != node.host and h in peers]
     total = old[0]
     for d in old[1:]:
         total = total + d
@@ -95,6 +123,7 @@ def _canary_window(
 
 def _canary(
     inventory: Path,
+    model: str,
     extra_vars: dict,
     limits: c.Thresholds,
     golden: list[c.Golden],
@@ -111,12 +140,17 @@ def _canary(
         v.trust(fleet.ca)
     except ssl.SSLError as err:
         fail(f"load_balancer_tls_ca_certificate is not a PEM certificate: {err}")
-    if len(fleet.serving) < 2:
-        fail("--canary needs two instances or more: one to try the release, one to compare with")
+    serving = fleet.serving_of(model)
+    if len(serving) < 2:
+        fail(
+            f"--canary needs two instances of {model} or more: one to try the release, one to "
+            "compare with"
+        )
     if not fleet.balancers:
         fail("--canary needs a `loadbalancers` host to give the canary its share of requests")
-    node, reference = fleet.serving[0], fleet.serving[1]
+    node, reference = serving[0], serving[1]
     members = fleet.members(node.instance)  # a multi-node instance rolls as one
+    others = [h for n in serving[1:] for h in fleet.members(n.instance)]
     console.print(f"[bold]canary: instance {node.instance} ({', '.join(members)}) first[/]")
     first = run_playbook(
         "rollout canary",
@@ -129,7 +163,7 @@ def _canary(
     if first.rc != 0:
         print_summary(first)
         raise typer.Exit(first.rc)
-    weight = c.weight_for_share(share, len(fleet.serving) - 1, fleet.weight)
+    weight = c.weight_for_share(share, len(serving) - 1, fleet.weight)
     weights = run_playbook(
         "canary weight",
         "weights.yml",
@@ -140,7 +174,7 @@ def _canary(
     try:
         if weights.rc != 0:
             raise RuntimeError(f"HAProxy refused weight {weight}: {'; '.join(weights.failures)}")
-        effective = weight / (weight + fleet.weight * (len(fleet.serving) - 1))
+        effective = weight / (weight + fleet.weight * (len(serving) - 1))
         console.print(
             f"canary weight {weight} (about {effective:.0%} of HAProxy's requests); watching "
             f"for {seconds:g} s" + (f" or {requests} canary requests" if requests else "")
@@ -149,8 +183,8 @@ def _canary(
         answers = [
             (
                 g,
-                v.complete(node.base, fleet.model, fleet.engine_key, g.prompt).text,
-                v.complete(reference.base, fleet.model, fleet.engine_key, g.prompt).text,
+                v.complete(node.base, model, fleet.engine_key, g.prompt).text,
+                v.complete(reference.base, model, fleet.engine_key, g.prompt).text,
             )
             for g in golden
         ]
@@ -205,7 +239,7 @@ def _canary(
         "rolling_update.yml",
         inventory,
         extra_vars=extra_vars,
-        limit="all:" + ":".join(f"!{h}" for h in members),
+        limit=",".join(others),
         console=console,
     )
     print_summary(rest)
@@ -217,6 +251,9 @@ def _canary(
 def rollout(
     version: str | None = typer.Option(
         None, "--version", help="Model version to roll out (default: the inventory's)."
+    ),
+    model: str | None = typer.Option(
+        None, "--model", help="The served model whose instances roll (needed with several)."
     ),
     inventory: Path | None = INVENTORY,
     serial: int = SERIAL,
@@ -276,6 +313,7 @@ def rollout(
     extra_vars |= _release_vars(extra_vars) | {"rollout_release_reset": from_inventory}
     released = extra_vars["rollout_release_vars"]
     path = resolve_inventory(inventory)
+    model, limit = _model_hosts(path, model, "rollout")
     if canary:
         if not 0 < canary_share < 100:
             fail(f"--canary-share {canary_share:g}: give a percentage above 0 and below 100")
@@ -298,6 +336,7 @@ def rollout(
         )
         _canary(
             path,
+            model,
             extra_vars,
             limits,
             prompts,
@@ -313,6 +352,7 @@ def rollout(
         "rolling_update.yml",
         path,
         extra_vars=extra_vars,
+        limit=limit,
         console=console,
     )
     print_summary(result)
@@ -323,6 +363,9 @@ def rollout(
 
 @changes_the_fleet("rollback")
 def rollback(
+    model: str | None = typer.Option(
+        None, "--model", help="The served model whose instances go back (needed with several)."
+    ),
     inventory: Path | None = INVENTORY,
     serial: int = SERIAL,
     max_fail_percentage: int = MAX_FAIL_PERCENTAGE,
@@ -330,11 +373,14 @@ def rollback(
 ) -> None:
     """Go back to what each instance ran before the last rollout (model version and engine
     settings, still on the nodes: no download), instance by instance."""
+    path = resolve_inventory(inventory)
+    _, limit = _model_hosts(path, model, "rollback")
     result = run_playbook(
         "rollback",
         "rollback.yml",
-        resolve_inventory(inventory),
+        path,
         extra_vars=parse_extra_vars(extra) | _batch_vars(serial, max_fail_percentage),
+        limit=limit,
         console=console,
     )
     print_summary(result)

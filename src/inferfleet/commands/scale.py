@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from inferfleet import fleet as fleet_mod
 from inferfleet import inventory_edit
 from inferfleet.commands.common import (
     changes_the_fleet,
@@ -30,12 +31,32 @@ def _hosts(values: list[str]) -> list[str]:
     return out
 
 
+def _model_vars(inventory: Path, model: str) -> dict:
+    """The host variables that make a new host serve `model` as its instances do: its
+    name and the version the inventory gives them."""
+    try:
+        fleet = fleet_mod.load(inventory)
+    except Exception as err:  # noqa: BLE001 (one line for a person, not a traceback)
+        fail(f"cannot read the inventory: {err}")
+    serving = fleet.serving_of(model)
+    if not serving:
+        fail(
+            f"--model {model}: no instance serves it (this fleet serves "
+            f"{', '.join(fleet.models)}); a new model starts with its hosts in the inventory "
+            "(inferfleet_model_name on them) and `inferfleet deploy`"
+        )
+    return {"inferfleet_model_name": model, "inferfleet_model_version": serving[0].version}
+
+
 @changes_the_fleet("scale")
 def scale(
     add: list[str] = typer.Option([], "--add", help="Hosts to add (repeat, or comma-separate)."),
     remove: list[str] = typer.Option([], "--remove", help="Hosts to take out."),
     instance: str | None = typer.Option(
         None, "--instance", help="With --add: the instance the new hosts form (a pipeline group)."
+    ),
+    model: str | None = typer.Option(
+        None, "--model", help="With --add: the served model the new hosts serve."
     ),
     force: bool = typer.Option(False, "--force", help="Allow taking out the last instance."),
     purge_model: bool = typer.Option(
@@ -52,13 +73,16 @@ def scale(
         fail("--instance names the instance that --add hosts form; it has no use with --remove")
     if purge_model and not leaving:
         fail("--purge-model goes with --remove")
+    if model is not None and not joining:
+        fail("--model names the model that --add hosts serve; it has no use with --remove")
     path = resolve_inventory(inventory)
     extra_vars = parse_extra_vars(extra)
+    serves = _model_vars(path, model) if model is not None else {}
     try:
         hosts_file = inventory_edit.group_file(path)
         before = hosts_file.read_text()
         after = (
-            inventory_edit.join(before, joining, instance)
+            inventory_edit.join(before, joining, instance, serves)
             if joining
             else inventory_edit.leave(before, leaving)
         )

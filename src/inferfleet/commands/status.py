@@ -136,8 +136,10 @@ def _figure(value: float | None, form: str) -> str:
 
 def instance_rows(rows: list[dict], prometheus: bool) -> list[tuple[str, ...]]:
     """One line per instance for an 80-column terminal: its members ready, the model
-    version ("mixed" where members differ), vLLM, requests running/queued and served (of
-    rank 0), each load balancer's state of it, and Prometheus' rate when there is one."""
+    version ("mixed" where members differ; on a fleet of several models, the model's name
+    before it), vLLM, requests running/queued and served (of rank 0), each load balancer's
+    state of it, and Prometheus' rate when there is one."""
+    several = len({r.get("model", "") for r in rows}) > 1
     by_instance: dict[str, list[dict]] = {}
     for r in rows:
         by_instance.setdefault(r["instance"], []).append(r)
@@ -150,7 +152,8 @@ def instance_rows(rows: list[dict], prometheus: bool) -> list[tuple[str, ...]]:
         line = [
             instance,
             f"[{'green' if ready == len(members) else 'red'}]{ready}/{len(members)}[/]",
-            versions.pop() if len(versions) == 1 else "mixed",
+            (f"{rank0.get('model', '')} " if several else "")
+            + (versions.pop() if len(versions) == 1 else "mixed"),
             engines.pop() if len(engines) == 1 else "mixed",
             f"{rank0['running']:.0f}/{rank0['waiting']:.0f}",
             f"{rank0['served']:.0f}",
@@ -201,6 +204,7 @@ def status_table(rows: list[dict], prometheus: bool, wide: bool) -> Table:
             r["host"],
             r["unit"],
             "[green]yes[/]" if r["healthy"] else "[red]no[/]",
+            r.get("model", ""),
             r["model_version"],
             r["manifest_digest"][:19],
             r["engine_version"],
@@ -247,8 +251,14 @@ def status(
     ]
     prom = prometheus[0] if prometheus else None
     rows = []
+    # Grouped by model, then by instance in rank order.
     for host, msg in sorted(
-        nodes.items(), key=lambda kv: (kv[1]["instance"]["instance"], kv[1]["instance"]["rank"])
+        nodes.items(),
+        key=lambda kv: (
+            str(kv[1].get("model", "")),
+            kv[1]["instance"]["instance"],
+            kv[1]["instance"]["rank"],
+        ),
     ):
         m = metric_sums(msg.get("metrics") or [])
         rows.append(
@@ -260,6 +270,7 @@ def status(
                 "start_limit_hit": bool(msg.get("start_limit_hit")),
                 "service": msg.get("service", ""),
                 "healthy": bool(msg["healthy"]),
+                "model": str(msg.get("model", "")),
                 "model_version": msg["model_version"],
                 "manifest_digest": msg["manifest_digest"],
                 "engine_version": msg["engine_version"],

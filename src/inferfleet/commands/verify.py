@@ -33,6 +33,83 @@ def _served(fleet: fleet_mod.Fleet) -> dict[str, tuple[float, float]]:
     return out
 
 
+def _same_answers(fleet: fleet_mod.Fleet, model: str, of: str) -> list[tuple[str, bool, str]]:
+    """The greedy answer of every instance of `model`, and of `model` through every load
+    balancer: all the same."""
+    key = fleet.key_for(model)
+    answers = {n.host: v.complete(n.base, model, fleet.engine_key) for n in fleet.serving_of(model)}
+    answers |= {lb: v.complete(lb, model, key) for lb in fleet.balancers}
+    texts = {k: c.text for k, c in answers.items() if c.ok}
+    failed = [f"{k}: {c.status} {c.error}" for k, c in answers.items() if not c.ok]
+    same = not failed and len(set(texts.values())) == 1
+    detail = "; ".join(failed) or (
+        f"{len(texts)} answers: {next(iter(texts.values()))!r}" if same else json.dumps(texts)
+    )
+    return [(f"identical greedy answers{of}", same, detail)]
+
+
+def _load(
+    fleet: fleet_mod.Fleet, model: str, of: str, concurrency: int, count: int, max_tokens: int
+) -> tuple[list[tuple[str, bool, str]], v.LoadReport]:
+    """A bounded load of `model` through the first load balancer: no errors, and spread
+    over that model's instances only (an instance of another model gets none of it)."""
+    key = fleet.key_for(model)
+    # One uncounted round first: an engine's first batches of a new size are slow
+    # (kernels chosen and cached), which says nothing about the spread.
+    warmup = v.run_load(
+        fleet.balancers[0], model, key, concurrency, concurrency, max_tokens=max_tokens
+    )
+    before = _served(fleet)
+    report = v.run_load(fleet.balancers[0], model, key, concurrency, count, max_tokens=max_tokens)
+    after = _served(fleet)
+    counts = {h: after[h][0] - before[h][0] for h in after}
+    busy = {h: after[h][1] - before[h][1] for h in after}
+    mine = [n.host for n in fleet.serving_of(model)]
+    # leastconn keeps every engine equally busy (requests in flight), so a slower
+    # engine rightly gets fewer requests: judge it by busy time; round robin by count.
+    spread = {h: (counts if fleet.balance == "roundrobin" else busy)[h] for h in mine}
+    strays = {h: counts[h] for h in counts if h not in mine and counts[h] > 0}
+    checks = [
+        (
+            f"load without errors{of}",
+            report.failed == 0 and warmup.failed == 0,
+            f"{report.sent} sent, {report.failed} failed {'; '.join(report.errors)}".strip()
+            + (
+                f" (warm-up: {warmup.failed} failed {'; '.join(warmup.errors)})"
+                if warmup.failed
+                else ""
+            ),
+        ),
+        (
+            f"load spread over every backend{of}",
+            v.spread_is_even(spread),
+            f"{'requests' if fleet.balance == 'roundrobin' else 'busy seconds (leastconn)'}: "
+            + ", ".join(f"{h} {int(counts[h])} requests, {busy[h]:.1f} s busy" for h in mine),
+        ),
+    ]
+    if len(fleet.models) > 1:
+        checks.append(
+            (
+                f"no request to another model's instances{of}",
+                not strays,
+                ", ".join(f"{h} served {int(n)}" for h, n in strays.items()) or "none",
+            )
+        )
+    return checks, report
+
+
+def _figures(report: v.LoadReport) -> dict:
+    return {
+        "sent": report.sent,
+        "failed": report.failed,
+        "seconds": report.seconds,
+        "throughput_rps": report.throughput,
+        "p50_s": report.p50,
+        "p95_s": report.p95,
+        "p99_s": report.p99,
+    }
+
+
 def _health_moments(node: fleet_mod.Node, stop: threading.Event, out: list) -> None:
     """Every change of `node`'s /health status, as (wall clock, status), 4 times a second."""
     last = None
@@ -53,7 +130,8 @@ def _failover(
     stop = threading.Event()
     watcher = threading.Thread(target=_health_moments, args=(node, stop, moments), daemon=True)
     watcher.start()
-    with v.LoadLoop(fleet.balancers, fleet.model, fleet.api_key, workers=2, pause=0.5) as load:
+    key = fleet.key_for(node.model)
+    with v.LoadLoop(fleet.balancers, node.model, key, workers=2, pause=0.5) as load:
         run = run_playbook(
             "verify failover",
             "failover.yml",
@@ -163,86 +241,37 @@ def verify(
         if failover_timeout < 1:
             fail(f"--failover-timeout {failover_timeout}: give seconds, 1 or more")
         target = next(n for n in fleet.serving if n.host == (failover_node or hosts[-1]))
+        if len(fleet.serving_of(target.model)) < 2:
+            fail(
+                f"--failover would stop {target.host}, the only instance of {target.model}: "
+                "that is an outage of the model; name another with --failover-node"
+            )
     checks: list[tuple[str, bool, str]] = []
 
     for node in fleet.serving:
         health, _ = v.get(f"{node.base}/health")
         models_status, models = v.get(f"{node.base}/v1/models", fleet.engine_key)
-        listed = fleet.model in models
+        listed = node.model in models
         checks.append(
             (
                 f"healthy {node.host}",
                 health == 200 and listed,
                 f"/health {health}, /v1/models {models_status}"
-                f"{'' if listed else f', {fleet.model} not listed'}",
+                f"{'' if listed else f', {node.model} not listed'}",
             )
         )
 
-    answers = {n.host: v.complete(n.base, fleet.model, fleet.engine_key) for n in fleet.serving}
-    answers |= {lb: v.complete(lb, fleet.model, fleet.api_key) for lb in fleet.balancers}
-    texts = {k: c.text for k, c in answers.items() if c.ok}
-    failed = [f"{k}: {c.status} {c.error}" for k, c in answers.items() if not c.ok]
-    same = not failed and len(set(texts.values())) == 1
-    checks.append(
-        (
-            "identical greedy answers",
-            same,
-            "; ".join(failed)
-            or (
-                f"{len(texts)} answers: {next(iter(texts.values()))!r}"
-                if same
-                else json.dumps(texts)
-            ),
-        )
-    )
-
-    report = None
-    if count > 0:
-        # One uncounted round first: an engine's first batches of a new size are slow
-        # (kernels chosen and cached), which says nothing about the spread.
-        warmup = v.run_load(
-            fleet.balancers[0],
-            fleet.model,
-            fleet.api_key,
-            concurrency,
-            concurrency,
-            max_tokens=max_tokens,
-        )
-        before = _served(fleet)
-        report = v.run_load(
-            fleet.balancers[0],
-            fleet.model,
-            fleet.api_key,
-            concurrency,
-            count,
-            max_tokens=max_tokens,
-        )
-        after = _served(fleet)
-        counts = {h: after[h][0] - before[h][0] for h in after}
-        busy = {h: after[h][1] - before[h][1] for h in after}
-        # leastconn keeps every engine equally busy (requests in flight), so a slower
-        # engine rightly gets fewer requests: judge it by busy time; round robin by count.
-        spread = counts if fleet.balance == "roundrobin" else busy
-        checks.append(
-            (
-                "load without errors",
-                report.failed == 0 and warmup.failed == 0,
-                f"{report.sent} sent, {report.failed} failed {'; '.join(report.errors)}".strip()
-                + (
-                    f" (warm-up: {warmup.failed} failed {'; '.join(warmup.errors)})"
-                    if warmup.failed
-                    else ""
-                ),
-            )
-        )
-        checks.append(
-            (
-                "load spread over every backend",
-                v.spread_is_even(spread),
-                f"{'requests' if spread is counts else 'busy seconds (leastconn)'}: "
-                + ", ".join(f"{h} {int(counts[h])} requests, {busy[h]:.1f} s busy" for h in counts),
-            )
-        )
+    # Each model on its own: its instances answer alike, the load balancers route its
+    # requests to them, and its load spreads over them.
+    several = len(fleet.models) > 1
+    loads = {}
+    for model in fleet.models:
+        of = f": {model}" if several else ""
+        checks += _same_answers(fleet, model, of)
+        if count > 0:
+            more, loads[model] = _load(fleet, model, of, concurrency, count, max_tokens)
+            checks += more
+    report = loads.get(fleet.models[0]) if loads else None
 
     failover_figures = None
     if target is not None:
@@ -256,17 +285,9 @@ def verify(
                 {
                     "ok": ok,
                     "checks": [{"check": c, "passed": p, "detail": d} for c, p, d in checks],
-                    "load": None
-                    if report is None
-                    else {
-                        "sent": report.sent,
-                        "failed": report.failed,
-                        "seconds": report.seconds,
-                        "throughput_rps": report.throughput,
-                        "p50_s": report.p50,
-                        "p95_s": report.p95,
-                        "p99_s": report.p99,
-                    },
+                    # the first model's load, and every model's
+                    "load": None if report is None else _figures(report),
+                    "loads": {m: _figures(r) for m, r in loads.items()},
                     "failover": failover_figures,
                 },
                 indent=2,
@@ -279,9 +300,10 @@ def verify(
         for check, passed, detail in checks:
             table.add_row(check, "[green]pass[/]" if passed else "[red]FAIL[/]", detail)
         console.print(table)
-        if report is not None:
+        for model, report in loads.items():
             console.print(
-                f"load: {report.sent} requests, concurrency {concurrency}: "
+                f"load{f' ({model})' if len(loads) > 1 else ''}: {report.sent} requests, "
+                f"concurrency {concurrency}: "
                 f"{report.throughput:.2f} req/s, p50 {report.p50:.3f} s, "
                 f"p95 {report.p95:.3f} s, p99 {report.p99:.3f} s"
             )
