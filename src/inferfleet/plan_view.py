@@ -1,7 +1,13 @@
-"""A plan for people: a table and one memory bar per GPU, with rich."""
+"""A plan for people: a table and one memory bar per GPU, with rich; for several models
+(``plan --models``) one row per model and, with an inventory, its check."""
 
 from __future__ import annotations
 
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.fleet import (
+    FleetPlan,
+    ModelCheck,
+    ModelPlan,
+)
 from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.memory import GiB
 from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.plan import Layout, Plan
 from rich.console import Console, Group
@@ -141,3 +147,113 @@ def render(plan: Plan, console: Console | None = None) -> None:
     """Print the table, the bars and the legend."""
     console = console or Console()
     console.print(Group(summary_table(plan), Text(""), gpu_bars(plan), legend()))
+
+
+def _nodes(count: int) -> str:
+    return f"{count} node" if count == 1 else f"{count} nodes"
+
+
+def _nodes_cell(model: ModelPlan) -> str:
+    """Assigned nodes: replicas on one line, one line per pipeline instance ("a + b")."""
+    if not model.nodes:
+        return f"needs {model.nodes_needed}" if model.nodes_needed else "-"
+    if model.plan.nodes_per_instance == 1:
+        return ", ".join(members[0] for members in model.nodes)
+    return "\n".join(" + ".join(members) for members in model.nodes)
+
+
+def fleet_table(fleet: FleetPlan) -> Table:
+    """One row per model: TP x PP, instances x nodes each, KV capacity of one instance
+    (whole sequences at the model's context), target (what the instances hold), nodes."""
+    hw = fleet.hardware
+    table = Table(title=f"inferfleet plan: {len(fleet.models)} model(s) on {len(fleet.hosts)} "
+                        f"node(s) x {hw.gpus_per_node} GPU(s) x {hw.gpu_memory_gib:g} GiB",
+                  title_justify="left", title_style="bold", header_style="bold underline",
+                  box=None, padding=(0, 2, 0, 0), pad_edge=False,
+                  caption="KV/instance: full-context sequences one instance holds @ the "
+                          "context; target: sequences the model must hold (its instances "
+                          "hold)", caption_justify="left", caption_style="dim")
+    table.add_column("model", no_wrap=True)
+    table.add_column("TP x PP", no_wrap=True)
+    table.add_column("instances", no_wrap=True)
+    table.add_column("KV/instance", justify="right", no_wrap=True)
+    table.add_column("target (holds)", justify="right", no_wrap=True)
+    table.add_column("nodes", overflow="fold", min_width=12)
+    for model in fleet.models:
+        plan, layout = model.plan, model.plan.layout
+        name = Text(model.name)
+        if model.version:
+            name.append(f"\n{model.version}", style="dim")
+        if not model.fits or layout is None:
+            table.add_row(name, Text("no fit", style="bold red"), "-", "-",
+                          str(model.target), "-")
+            continue
+        label, style = _DECISION[plan.decision]
+        table.add_row(
+            name,
+            Text(f"{layout.tp} x {layout.pp}", style=style),
+            f"{model.instances} x {_nodes(plan.nodes_per_instance)}",
+            f"{model.per_instance} @ {plan.context:,}",
+            f"{model.target} ({model.holds})",
+            _nodes_cell(model),
+        )
+    return table
+
+
+def fleet_lines(fleet: FleetPlan) -> Text:
+    """Spare nodes, the verdict, and the models' notes."""
+    text = Text()
+    if fleet.fits:
+        text.append(f"spare: {', '.join(fleet.spare) or 'none'}\n")
+        text.append("fits", style="bold green")
+        text.append(f": {fleet.nodes_needed} of {len(fleet.hosts)} node(s) assigned")
+    else:
+        text.append("does not fit", style="bold red")
+        for problem in fleet.problems:
+            text.append(f"\n  {problem}")
+    notes: dict[str, list[str]] = {}
+    for model in fleet.models:
+        for note in model.plan.notes:
+            notes.setdefault(note, []).append(model.name)
+    for note, names in notes.items():
+        text.append(f"\nnote ({', '.join(names)}): {note}", style="dim")
+    return text
+
+
+def check_table(checks: list[ModelCheck], inventory: str | None = None) -> Table:
+    """Per model: what the plan wants against what the inventory has."""
+    title = f"inventory {inventory} against the plan" if inventory else "inventory check"
+    table = Table(title=title, title_justify="left", title_style="bold",
+                  header_style="bold underline", box=None, padding=(0, 2, 0, 0),
+                  pad_edge=False)
+    table.add_column("model", no_wrap=True)
+    table.add_column("planned", no_wrap=True)
+    table.add_column("inventory", no_wrap=True)
+    table.add_column("verdict")
+    for check in checks:
+        planned = "-" if check.planned_instances is None else (
+            f"{check.planned_instances} x {_nodes(check.nodes_per_instance or 0)}")
+        have = "\n".join(" + ".join(members) for members in check.instances) or "none"
+        verdict = Text("ok: " if check.fits else "", style="bold green")
+        verdict.append(check.message, style=None if check.fits else "yellow")
+        table.add_row(check.name, planned, have, verdict)
+    return table
+
+
+def render_fleet(fleet: FleetPlan, console: Console | None = None,
+                 checks: list[ModelCheck] | None = None, inventory: str | None = None,
+                 overrides: list[str] | None = None) -> None:
+    """Print the fleet table, the verdict and, with an inventory, its check and what the
+    inventory would override of the files ``--write-vars`` writes."""
+    console = console or Console()
+    parts = [fleet_table(fleet), fleet_lines(fleet)]
+    if checks is not None:
+        parts += [Text(""), check_table(checks, inventory)]
+    if overrides:
+        text = Text("the inventory would override the plan's files (its host variables "
+                    "outrank group_vars/<group>.yml); change these in the inventory:",
+                    style="yellow")
+        for line in overrides:
+            text.append(f"\n  {line}")
+        parts.append(text)
+    console.print(Group(*parts))

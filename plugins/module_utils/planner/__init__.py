@@ -11,6 +11,16 @@ from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.architect
     parse_architecture,
 )
 from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.errors import PlannerError
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.fleet import (
+    FleetPlan,
+    ModelCheck,
+    ModelPlan,
+    ModelRequest,
+    check_inventory,
+    check_names,
+    group_name,
+    plan_fleet,
+)
 from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.memory import (
     KVCapacity,
     cpu_kv_capacity,
@@ -30,16 +40,24 @@ from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.plan impo
 
 __all__ = [
     "Architecture",
+    "FleetPlan",
     "Hardware",
     "KVCapacity",
+    "ModelCheck",
+    "ModelPlan",
+    "ModelRequest",
     "ModelSource",
     "Plan",
     "PlannerError",
     "Targets",
+    "check_inventory",
+    "check_names",
     "cpu_kv_capacity",
+    "group_name",
     "kv_bytes_per_token",
     "load_model",
     "parse_architecture",
     "plan_config",
+    "plan_fleet",
     "plan_model",
 ]
