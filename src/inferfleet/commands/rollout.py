@@ -142,8 +142,9 @@ def _canary(
         fail(f"load_balancer_tls_ca_certificate is not a PEM certificate: {err}")
     serving = fleet.serving_of(model)
     if len(serving) < 2:
+        of = f" of {model}" if len(fleet.models) > 1 else ""
         fail(
-            f"--canary needs two instances of {model} or more: one to try the release, one to "
+            f"--canary needs two instances or more{of}: one to try the release, one to "
             "compare with"
         )
     if not fleet.balancers:
@@ -313,7 +314,6 @@ def rollout(
     extra_vars |= _release_vars(extra_vars) | {"rollout_release_reset": from_inventory}
     released = extra_vars["rollout_release_vars"]
     path = resolve_inventory(inventory)
-    model, limit = _model_hosts(path, model, "rollout")
     if canary:
         if not 0 < canary_share < 100:
             fail(f"--canary-share {canary_share:g}: give a percentage above 0 and below 100")
@@ -334,6 +334,8 @@ def rollout(
             min_requests=min_requests,
             golden_may_change=golden_may_change,
         )
+    model, limit = _model_hosts(path, model, "rollout")
+    if canary:
         _canary(
             path,
             model,
