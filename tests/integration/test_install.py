@@ -4,15 +4,22 @@ The collection tarball and the wheel are built from this tree, then installed (t
 with its [lab] extra) into a fresh virtualenv and a fresh collections path in a folder
 outside the checkout, with the source tree on no path. The installed CLI answers `--help`
 and `plan`, then runs the lab from the inventory its wheel carries:
-- `inferfleet lab up --no-deploy` starts SeaweedFS with the tiny model and the hosts; an
-  operator's own playbook, written there, uses the collection's role and module by FQCN;
-- `inferfleet lab up --tls` runs site.yml from the installed collection (two vLLM CPU
-  engines behind HAProxy, TLS at the edge); while it runs a second controller's deploy is
-  refused by the fleet's lock; its last play asks for a completion over HTTPS;
-- the curl line it prints and the openai SDK (trusting the lab's CA) get completions;
-  without the CA the certificate does not verify, and plain HTTP gets no answer;
-- `status`, `verify --failover` (an engine stopped and started under load, no request
+- `inferfleet lab up --no-deploy --models 2` starts SeaweedFS with two tiny models and the
+  hosts; an operator's own playbook, written there, uses the collection's role and module
+  by FQCN;
+- `inferfleet lab up --tls --models 2` runs site.yml from the installed collection (three
+  vLLM CPU engines, two of tiny-llama and one of tiny-coder, behind HAProxy routing by
+  model, TLS at the edge); while it runs a second controller's deploy is refused by the
+  fleet's lock; its last play asks each model for a completion over HTTPS;
+- the curl lines it prints and the openai SDK (trusting the lab's CA) get completions of
+  both models, /v1/models lists both, an unknown model is 404; without the CA the
+  certificate does not verify, and plain HTTP gets no answer;
+- `status`, `verify --failover` (per model: identical answers from its own weights, no
+  request on another model's node; an engine stopped and started under load, no request
   failed), the secrets in no log, command line or world-readable file;
+- `inferfleet rollout --model tiny-llama` rolls its two instances v1 -> v2 under load on
+  both models: no request fails and tiny-coder's engine keeps its process (a model with
+  one instance is not rolled: that would be its outage);
 - `inferfleet lab down` leaves nothing: containers, networks, the inventory copy, the CA.
 One lab run covers it all: each bring-up costs minutes of CI.
 """
@@ -279,7 +286,7 @@ def _lab_up_tls_with_a_second_controller(installed: dict, inventory: Path, balan
     the fleet but the lock's tasks. Returns lab up's stdout."""
     cli, work, env = installed["bin"] / "inferfleet", installed["work"], installed["env"]
     up_run = subprocess.Popen(
-        [cli, "lab", "up", "--tls"],
+        [cli, "lab", "up", "--tls", "--models", "2"],
         cwd=work,
         env=env,
         stdout=subprocess.PIPE,
@@ -315,14 +322,21 @@ def _lab_up_tls_with_a_second_controller(installed: dict, inventory: Path, balan
 
 
 def _clients(up: str, inventory: Path, balancer: str, work: Path, env: dict) -> None:
-    """The curl line lab up printed, and the openai SDK as the README shows it, trusting
-    the lab's CA, get completions; without the CA, or over plain HTTP, nothing answers."""
+    """The curl lines lab up printed (one per model), and the openai SDK as the README
+    shows it, trusting the lab's CA, get completions of both models from their own weights;
+    /v1/models lists both, an unknown model is 404; without the CA, or over plain HTTP,
+    nothing answers."""
     ca = fleet.ca_file(inventory)
-    curl = next(line for line in up.splitlines() if line.startswith("curl -s "))
-    assert curl.startswith(f"curl -s --cacert {ca} https://"), curl
-    assert "Authorization: Bearer sk-lab-" in curl
-    answer = json.loads(run(["bash", "-c", curl], cwd=work, env=env, timeout=120).stdout)
-    assert answer["object"] == "text_completion" and "text" in answer["choices"][0], answer
+    curls = [line for line in up.splitlines() if line.startswith("curl -s ")]
+    assert ['"model": "tiny-llama"' in curls[0], '"model": "tiny-coder"' in curls[1]] == [1, 1]
+    texts = []
+    for curl in curls:
+        assert curl.startswith(f"curl -s --cacert {ca} https://"), curl
+        assert "Authorization: Bearer sk-lab-" in curl
+        answer = json.loads(run(["bash", "-c", curl], cwd=work, env=env, timeout=120).stdout)
+        assert answer["object"] == "text_completion" and "text" in answer["choices"][0], answer
+        texts.append(answer["choices"][0]["text"])
+    assert texts[0] != texts[1], texts  # other weights, other greedy answers
 
     values = yaml.safe_load((inventory / "group_vars" / "all" / "secrets.yml").read_text())
     address = yaml.safe_load((inventory / "host_vars" / f"{balancer}.yml").read_text())
@@ -336,6 +350,10 @@ def _clients(up: str, inventory: Path, balancer: str, work: Path, env: dict) -> 
         model="tiny-llama", prompt="Hello, fleet", max_tokens=8, temperature=0
     )
     assert answer.choices[0].text, answer
+    assert sorted(m.id for m in client.models.list()) == ["tiny-coder", "tiny-llama"]
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.completions.create(model="tiny-gpt", prompt="Hello", max_tokens=4)
+    assert "served: tiny-coder, tiny-llama" in str(unknown.value), unknown.value
     with pytest.raises(openai.APIConnectionError):
         openai.OpenAI(base_url=f"https://{endpoint}/v1", api_key="x", max_retries=0).models.list()
     plain = subprocess.run(
@@ -351,17 +369,21 @@ def _status_and_failover(cli: Path, work: Path, env: dict, nodes: list, balancer
     # Ansible reads the inventory directory, and nothing in it but the inventory.
     assert "Unable to parse" not in status.stderr, status.stderr
     seen = json.loads(status.stdout)["nodes"]
-    assert sorted(n["host"] for n in seen) == sorted(nodes)
+    # Grouped by model: tiny-coder's node first.
+    assert [(n["model"], n["host"]) for n in seen] == [
+        ("tiny-coder", nodes[2]), ("tiny-llama", nodes[0]), ("tiny-llama", nodes[1])]
     for node in seen:
         assert node["unit"] == "active" and node["healthy"], node
         assert node["model_version"] == "v1" and node["manifest_digest"].startswith("sha256:")
         assert node["engine_version"], node
         assert node["lb"] == f"{balancer}: UP", node
-    assert len({n["manifest_digest"] for n in seen}) == 1
+    digests = [{n["manifest_digest"] for n in seen if n["model"] == m} for m in ("tiny-llama",
+                                                                               "tiny-coder")]
+    assert [len(d) for d in digests] == [1, 1] and digests[0] != digests[1], digests
 
     time.sleep(10)  # past the lab's slow start (load_balancer_slowstart: 10s)
     verify = subprocess.run(
-        [cli, "verify", "--json", "--count", "48", "--failover"],
+        [cli, "verify", "--json", "--count", "48", "--failover", "--failover-node", nodes[1]],
         cwd=work,
         env=env,
         capture_output=True,
@@ -371,16 +393,63 @@ def _status_and_failover(cli: Path, work: Path, env: dict, nodes: list, balancer
     report = json.loads(verify.stdout)
     assert verify.returncode == 0 and report["ok"], verify.stdout + verify.stderr
     assert report["load"]["sent"] == 48 and report["load"]["failed"] == 0
-    # The last node's engine stopped and started under load: no request failed, HAProxy
-    # took it out once it stopped answering (3 failed checks, 2 s apart) and put it back
-    # once it answered again, and it served afterwards.
+    assert [report["loads"][m]["failed"] for m in ("tiny-llama", "tiny-coder")] == [0, 0]
+    # Per model: its instances and the load balancer give one greedy answer, and its load
+    # reached its own instances only (each engine's request counter says so).
+    passed = {c["check"] for c in report["checks"] if c["passed"]}
+    for model in ("tiny-llama", "tiny-coder"):
+        assert f"identical greedy answers: {model}" in passed, report["checks"]
+        assert f"no request to another model's instances: {model}" in passed, report["checks"]
+    # node2's engine (a tiny-llama instance) stopped and started under load: no request
+    # failed, HAProxy took it out once it stopped answering (3 failed checks, 2 s apart)
+    # and put it back once it answered again, and it served afterwards.
     failover = report["failover"]
-    assert failover["host"] == nodes[-1] and failover["sent"] > 0, failover
+    assert failover["host"] == nodes[1] and failover["sent"] > 0, failover
     assert failover["failed"] == 0, failover
     assert failover["unanswered_after_s"] is not None, failover
     assert failover["taken_out_after_s"] >= failover["unanswered_after_s"], failover
     assert failover["put_back_after_s"] >= failover["answers_again_after_s"], failover
     assert failover["served_after_back"] > 0, failover
+
+
+def _main_pid(host: str) -> str:
+    return _exec(host, "systemctl show -p MainPID --value inferfleet-engine").strip()
+
+
+def _one_model_rolls_alone(
+    cli: Path, work: Path, env: dict, inventory: Path, nodes: list, balancer: str
+) -> None:
+    """tiny-llama (two instances) v1 -> v2 under load on both models: no failed request,
+    tiny-coder's engine untouched (the same process), tiny-llama's nodes on v2 with other
+    answers."""
+    from inferfleet import verify as v
+
+    run([cli, "lab", "publish", "v2"], cwd=work, env=env)
+    values = yaml.safe_load((inventory / "group_vars" / "all" / "secrets.yml").read_text())
+    address = yaml.safe_load((inventory / "host_vars" / f"{balancer}.yml").read_text())
+    base = f"https://{address['inferfleet_address']}:8080"
+    v.trust(fleet.ca_file(inventory).read_text())
+    key = values["inferfleet_lab_api_key"]
+    before = v.complete(base, "tiny-llama", key).text
+    pids = {h: _main_pid(h) for h in nodes}
+    with (
+        v.LoadLoop([base], "tiny-llama", key, workers=1, pause=0.3) as llama,
+        v.LoadLoop([base], "tiny-coder", key, workers=1, pause=0.3) as coder,
+    ):
+        rolled = run(
+            [cli, "rollout", "--model", "tiny-llama", "--version", "v2"],
+            cwd=work,
+            env=env,
+            timeout=1200,
+        )
+    for model, load in (("tiny-llama", llama), ("tiny-coder", coder)):
+        assert load.calls and not load.failed(), (model, len(load.calls), load.failed()[:3])
+    assert _main_pid(nodes[2]) == pids[nodes[2]], rolled.stdout
+    assert [_main_pid(h) != pids[h] for h in nodes[:2]] == [True, True], rolled.stdout
+    seen = json.loads(run([cli, "status", "--json"], cwd=work, env=env, timeout=300).stdout)
+    versions = {n["host"]: n["model_version"] for n in seen["nodes"]}
+    assert versions == {nodes[0]: "v2", nodes[1]: "v2", nodes[2]: "v1"}, versions
+    assert v.complete(base, "tiny-llama", key).text != before
 
 
 def _no_secret_leaks(inventory: Path, hosts: list, runs: Path, since: float) -> None:
@@ -411,10 +480,11 @@ def test_the_installed_cli_runs_the_lab(installed, node_image, wheelhouse):
     inventory = installed["lab_inventory"]
     started = time.time()
     try:
-        run([cli, "lab", "up", "--no-deploy"], cwd=work, env=env)
-        groups = yaml.safe_load((inventory / "hosts.yml").read_text())["all"]["children"]
-        nodes = list(groups["inference"]["hosts"])
-        (balancer,) = groups["loadbalancers"]["hosts"]
+        run([cli, "lab", "up", "--no-deploy", "--models", "2"], cwd=work, env=env)
+        groups = fleet.inventory_hosts(inventory)
+        nodes = groups["inference"]
+        assert nodes[2:] == [fleet.SECOND_MODEL["host"]], nodes
+        (balancer,) = groups["loadbalancers"]
         report = operators_playbook(installed, inventory, nodes[0])
         assert report["path"] == "/var/lib/inferfleet/models/tiny-llama/current"
         assert report["digest"].startswith("sha256:")
@@ -444,6 +514,7 @@ def test_the_installed_cli_runs_the_lab(installed, node_image, wheelhouse):
         status = run([cli, "lab", "status"], cwd=work, env=env).stdout
         assert all(host in status for host in [*nodes, balancer]), status
         _status_and_failover(cli, work, env, nodes, balancer)
+        _one_model_rolls_alone(cli, work, env, inventory, nodes, balancer)
         _no_secret_leaks(inventory, [*nodes, balancer], work / "runs", started)
     finally:
         down = subprocess.run(

@@ -77,11 +77,21 @@ def up(
     tls: bool = typer.Option(
         False, "--tls", help="Serve HTTPS only, with a certificate from a lab CA of its own."
     ),
+    models: int = typer.Option(
+        1,
+        "--models",
+        help="1, or 2: a second tiny model (other weights) on a third node, one endpoint.",
+    ),
 ) -> None:
     """Build the lab and deploy the tiny model on it; print a working endpoint."""
     from inferfleet.lab.wheelhouse import ensure_wheelhouse
 
+    if models not in (1, 2):
+        fail(f"--models {models}: the lab serves 1 model, or 2 (a second one on a third node)")
     require_lab()
+    running = (LAB_INVENTORY / "models.yml").is_file()
+    if running and models == 1 and services.containers(LAB_NAME):
+        fail("the lab serves 2 models: run `inferfleet lab down` first, or `lab up --models 2`")
     try:
         image = ensure_node_image(log=console.print)
         wheelhouse = ensure_wheelhouse(log=console.print)
@@ -92,8 +102,14 @@ def up(
     settings = lab_vars()
     bucket, prefix = settings["model_sync_s3_bucket"], settings["model_sync_s3_prefix"]
     name, version = settings["inferfleet_model_name"], settings["inferfleet_model_version"]
-    if services.publish_tiny(lab, bucket, prefix, name, version, seed=1, workdir=CACHE):
-        console.print(f"published the tiny model to s3://{bucket}/{prefix}/{name}/{version}")
+    served = [(name, version, 1)]
+    if models == 2:
+        second = fleet.SECOND_MODEL
+        served.append((second["name"], second["version"], second["seed"]))
+    for model, model_version, seed in served:
+        if services.publish_tiny(lab, bucket, prefix, model, model_version, seed, workdir=CACHE):
+            console.print(f"published a tiny model to s3://{bucket}/{prefix}/{model}/{model_version}")
+    fleet.write_models(LAB_INVENTORY, models)
     groups = fleet.inventory_hosts(LAB_INVENTORY)
     hosts = [h for members in groups.values() for h in members]
     fleet.create(LAB_NAME, lab.network, image, hosts, wheelhouse)
@@ -111,23 +127,27 @@ def up(
     if result.rc:
         raise typer.Exit(result.rc)
     console.print("\n[bold green]The lab serves.[/] Try:\n")
-    console.print(
-        curl_example(
-            fleet.address(lb, lab.network),
-            settings["load_balancer_port"],
-            state["inferfleet_lab_api_key"],
-            settings["inferfleet_model_name"],
-            fleet.ca_file(LAB_INVENTORY) if tls else None,
-        ),
-        soft_wrap=True,
-        highlight=False,
-    )
+    for model, _, _ in served:
+        console.print(
+            curl_example(
+                fleet.address(lb, lab.network),
+                settings["load_balancer_port"],
+                state["inferfleet_lab_api_key"],
+                model,
+                fleet.ca_file(LAB_INVENTORY) if tls else None,
+            ),
+            soft_wrap=True,
+            highlight=False,
+        )
 
 
 @app.command()
 def publish(
     version: str = typer.Argument(..., help="The new version's name, e.g. v2."),
     seed: int = typer.Option(2, help="Weights seed: another seed gives other greedy answers."),
+    model: str | None = typer.Option(
+        None, "--model", help="Which of the lab's models (default: its first, tiny-llama)."
+    ),
 ) -> None:
     """Publish another version of the lab's tiny model (to try `inferfleet rollout`)."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}", version) or version == "current":
@@ -137,11 +157,15 @@ def publish(
     lab = services.up(LAB_NAME, ensure_node_image(log=console.print))
     settings = lab_vars()
     bucket, prefix = settings["model_sync_s3_bucket"], settings["model_sync_s3_prefix"]
-    name = settings["inferfleet_model_name"]
+    names = [settings["inferfleet_model_name"], fleet.SECOND_MODEL["name"]]
+    name = model or names[0]
+    if name not in names:
+        fail(f"--model {name}: the lab's models are {', '.join(names)}")
     where = f"s3://{bucket}/{prefix}/{name}/{version}"
     if services.publish_tiny(lab, bucket, prefix, name, version, seed=seed, workdir=CACHE):
+        which = f" --model {name}" if model else ""
         console.print(
-            f"published {where}; roll it out with `inferfleet rollout --version {version}`"
+            f"published {where}; roll it out with `inferfleet rollout{which} --version {version}`"
         )
     else:
         console.print(f"{where} is already published (versions are immutable)")

@@ -4,6 +4,8 @@
 addresses back, and `write_state` writes the generated parts of the inventory:
 host_vars/ with each host's address, group_vars/all/secrets.yml (mode 0600) with keys
 (and, for `lab up --tls`, the load balancer's certificate), and `ca_file` the lab's CA.
+`write_models` adds the hosts of the lab's second model (`lab up --models 2`) as an
+inventory source of their own, models.yml.
 """
 
 from __future__ import annotations
@@ -32,10 +34,37 @@ SYSTEMD_FLAGS = [
 WHEELHOUSE_MOUNT = "/opt/inferfleet/wheelhouse"
 
 
+# The lab's second model: its own weights (another seed), on a node of its own.
+SECOND_MODEL = {"name": "tiny-coder", "version": "v1", "seed": 11, "host": "inferfleet-lab-node3"}
+
+
 def inventory_hosts(inventory: Path) -> dict[str, list[str]]:
-    data = yaml.safe_load((inventory / "hosts.yml").read_text())
-    children = data["all"]["children"]
-    return {group: list((spec or {}).get("hosts") or {}) for group, spec in children.items()}
+    groups: dict[str, list[str]] = {}
+    for source in ("hosts.yml", "models.yml"):
+        if (inventory / source).is_file():
+            children = yaml.safe_load((inventory / source).read_text())["all"]["children"]
+            for group, spec in children.items():
+                groups.setdefault(group, []).extend((spec or {}).get("hosts") or {})
+    return groups
+
+
+def write_models(inventory: Path, models: int) -> None:
+    """With 2 models, models.yml lists the second model's node in `inference`, serving it;
+    with 1, there is no such file."""
+    path = inventory / "models.yml"
+    if models == 1:
+        path.unlink(missing_ok=True)
+        return
+    node = {
+        "inferfleet_model_name": SECOND_MODEL["name"],
+        "inferfleet_model_version": SECOND_MODEL["version"],
+    }
+    path.write_text(
+        "---\n# written by `inferfleet lab up --models 2`: the second model's node\n"
+        + yaml.safe_dump(
+            {"all": {"children": {"inference": {"hosts": {SECOND_MODEL["host"]: node}}}}}
+        )
+    )
 
 
 def create(lab: str, network: str, image: str, hosts: list[str], wheelhouse: Path) -> None:
@@ -118,6 +147,7 @@ def write_state(
 def remove_state(inventory: Path) -> None:
     for path in (inventory / "host_vars").glob("*.yml"):
         path.unlink()
+    (inventory / "models.yml").unlink(missing_ok=True)
     (inventory / "group_vars" / "all" / "secrets.yml").unlink(missing_ok=True)
     ca_file(inventory).unlink(missing_ok=True)
 
