@@ -104,6 +104,18 @@ def haproxy_servers(stat: str, backend: str) -> list:
     ]
 
 
+def haproxy_backends(stat: str, backend: str) -> list:
+    """The engines' backends HAProxy runs, from `show stat` CSV with its BACKEND rows
+    (type mask 2 or more): `backend` and each model's `backend_<model>`."""
+    rows = csv.DictReader(str(stat).lstrip("# ").splitlines())
+    return [
+        r["pxname"]
+        for r in rows
+        if r.get("svname") == "BACKEND"
+        and (r.get("pxname") == backend or str(r.get("pxname", "")).startswith(f"{backend}_"))
+    ]
+
+
 def load_balancer_seen(result: Mapping, backend: str) -> dict:
     """One load balancer's entry of tasks/servers.yml's fact, from its looped `show stat`
     result: a skipped one runs Nginx, which keeps no state to read."""
@@ -121,5 +133,6 @@ class FilterModule:
         return {
             "load_balancer_servers": load_balancer_servers,
             "haproxy_servers": haproxy_servers,
+            "haproxy_backends": haproxy_backends,
             "load_balancer_seen": load_balancer_seen,
         }
