@@ -158,7 +158,7 @@ def firewall_rules(host: str, groups: Mapping, hostvars: Mapping, options: Mappi
     `options`: client_networks, admin_networks, ssh_port, group_port_ranges, ray_ports,
     extra_rules (this host's firewall_* settings), monitoring_group, and the other roles'
     port defaults for hosts that do not set them: engine_port, master_port, lb_port,
-    lb_admin_port, prometheus_port, node_exporter_port, dcgm_exporter_port, and
+    lb_admin_port, lb_peers_port, prometheus_port, node_exporter_port, dcgm_exporter_port, and
     ray_port_defaults ({inference_engine_ray_*_port: value}).
     """
     hv = _hv(hostvars, host)
@@ -237,6 +237,28 @@ def firewall_rules(host: str, groups: Mapping, hostvars: Mapping, options: Mappi
                 "load_balancer_admin_port",
             )
         )
+
+        vip = str(hv.get("load_balancer_virtual_ip", "") or "")
+        if vip and hv.get("load_balancer_ha", "") != "none":
+            peers = [
+                h for h in groups.get("loadbalancers", [])
+                if h != host and str(_hv(hostvars, h).get("load_balancer_virtual_ip", "")) == vip
+                and _hv(hostvars, h).get("load_balancer_ha", "") != "none"
+            ]
+            sources = _addresses(peers, hostvars)
+            rules.append(
+                {"comment": "VRRP between the load balancers sharing the floating address",
+                 "proto": "vrrp", "ports": "", "sources": sorted(set(sources)), "published": False}
+            )
+            if str(hv.get("load_balancer_kind", "haproxy")) == "haproxy":
+                rules.append(
+                    _rule(
+                        "HAProxy peers (rate counters) between the load balancers",
+                        hv.get("load_balancer_haproxy_peers_port", options["lb_peers_port"]),
+                        sources,
+                        "load_balancer_haproxy_peers_port",
+                    )
+                )
 
     if host in groups.get(options["monitoring_group"], []):
         rules.append(

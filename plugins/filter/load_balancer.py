@@ -10,15 +10,22 @@ defaults, so mixed hardware is described where the hardware is: on the host.
 from __future__ import annotations
 
 import csv
+import ipaddress
 import re
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.inferfleet.fleet.plugins.filter.firewall import (
+    FirewallError,
+    host_addresses,
+)
 from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import (
     InventoryError,
     served_model,
     whole_number,
 )
+
+HA_MODES = ("", "keepalived", "none")
 
 
 def _int(host: str, name: str, value) -> int:
@@ -128,6 +135,142 @@ def load_balancer_seen(result: Mapping, backend: str) -> dict:
     return {"kind": "haproxy", "servers": servers, "error": ""}
 
 
+def _ipv4(host: str, hv: Mapping) -> str | None:
+    """The host's IPv4 address as its peers reach it; None while only facts could tell and
+    none are gathered."""
+    try:
+        found = host_addresses(host, hv)
+    except FirewallError:
+        return None
+    return next((a for a in found if ipaddress.ip_address(a).version == 4), None)
+
+
+def load_balancer_ha(host: str, groups: Mapping, hostvars: Mapping, settings: Mapping) -> dict:
+    """This load balancer's share of the floating address, or {} when it has none.
+
+    `settings` are this host's own values: ha, virtual_ip, interface, router_id, password,
+    kind (the role's load_balancer_* variables). Its peers are the hosts of `loadbalancers`
+    that set the same load_balancer_virtual_ip (and not load_balancer_ha: none). Returns
+    {virtual_ip, prefix, interface, router_id, peers: [{host, address}]}, with `prefix`
+    and `interface` from this host's gathered network facts and the peers' addresses from
+    the inventory or their facts; where facts are not gathered yet (the preflight, on the
+    controller), the checks that need them wait for the role's HA tasks, which gather them.
+    Raises AnsibleFilterError naming what to change."""
+    balancers = list(groups.get("loadbalancers", []))
+
+    def hv_of(name: str) -> Mapping:
+        return hostvars[name] if name in hostvars else {}
+
+    hv = hv_of(host)
+    mode = str(settings.get("ha") or "")
+    vip = str(settings.get("virtual_ip") or "").strip()
+    if mode not in HA_MODES:
+        raise AnsibleFilterError(
+            f"load_balancer_ha is {mode!r} on {host}: say keepalived (a floating address over "
+            "the load balancers) or none (no shared address: clients choose a load balancer)"
+        )
+    if mode == "none":
+        return {}
+    if not vip:
+        if mode == "keepalived":
+            raise AnsibleFilterError(
+                f"load_balancer_ha is keepalived on {host} but load_balancer_virtual_ip is not set:"
+                " set the floating address clients will use (a free address on the load"
+                " balancers' network)"
+            )
+        if len(balancers) > 1:
+            raise AnsibleFilterError(
+                f"{len(balancers)} load balancers ({', '.join(balancers)}) and no"
+                f" load_balancer_virtual_ip on {host}: set one (a free address on their"
+                " network, which keepalived moves to a healthy load balancer), or say"
+                " load_balancer_ha: none if clients choose a load balancer themselves"
+            )
+        return {}
+    try:
+        address = ipaddress.ip_address(vip)
+    except ValueError:
+        address = None
+    if address is None or address.version != 4:
+        raise AnsibleFilterError(
+            f"load_balancer_virtual_ip {vip!r} on {host} is not an IPv4 address (VRRP version 2,"
+            " for its authentication): write it as 10.0.0.100, without a prefix length"
+        )
+    router_id = settings.get("router_id")
+    if not str(router_id).isdigit() or not 1 <= int(router_id) <= 255:
+        raise AnsibleFilterError(
+            f"load_balancer_vrrp_router_id {router_id!r} on {host}: use 1..255, one no other"
+            " VRRP group on the network uses"
+        )
+    password = str(settings.get("password") or "")
+    if not 1 <= len(password) <= 8:
+        what = "empty" if not password else "longer than 8 characters"
+        raise AnsibleFilterError(
+            f"load_balancer_vrrp_password on {host} is {what}:"
+            " VRRP's authentication takes 1 to 8 characters (keepalived would silently cut a"
+            " longer one); set it in a vaulted file, the same on every peer"
+        )
+    peers = [
+        h for h in balancers
+        if h == host or (
+            str(hv_of(h).get("load_balancer_virtual_ip", "")).strip() == vip
+            and hv_of(h).get("load_balancer_ha", "") != "none"
+        )
+    ]
+    # A peer's kind as its inventory says (role defaults are not in hostvars): every peer
+    # runs this check, so a difference is caught on one of them at least.
+    kinds = {h: str(hv_of(h).get("load_balancer_kind", settings["kind"])) for h in peers}
+    kinds[host] = str(settings["kind"])
+    if len(set(kinds.values())) > 1:
+        raise AnsibleFilterError(
+            f"the load balancers sharing {vip} run different proxies ("
+            + ", ".join(f"{h}: {k}" for h, k in sorted(kinds.items()))
+            + "): a failover must not change what clients get; give them one load_balancer_kind"
+        )
+    addresses = {h: _ipv4(h, hv_of(h)) for h in balancers}
+    taken = sorted(h for h, a in addresses.items() if a == vip)
+    if taken:
+        raise AnsibleFilterError(
+            f"load_balancer_virtual_ip {vip} is the address of {', '.join(taken)}: choose a"
+            " free address on the load balancers' network"
+        )
+    facts = hv.get("ansible_facts") or {}
+    interface = str(
+        settings.get("interface") or (facts.get("default_ipv4") or {}).get("interface", "")
+    )
+    own = (facts.get(interface.replace("-", "_")) or {}).get("ipv4") or {}
+    prefix = None
+    if own.get("address") and own.get("netmask"):
+        net = ipaddress.ip_interface(f"{own['address']}/{own['netmask']}").network
+        prefix = net.prefixlen
+        if address not in net:
+            raise AnsibleFilterError(
+                f"load_balancer_virtual_ip {vip} is outside {net}, the network of {interface} on"
+                f" {host}: choose a free address in {net} (the peers must share one network"
+                " segment), or set load_balancer_virtual_ip_interface"
+            )
+        strays = sorted(h for h in peers
+                        if addresses[h] and ipaddress.ip_address(addresses[h]) not in net)
+        if strays:
+            raise AnsibleFilterError(
+                f"{', '.join(strays)} share{'s' if len(strays) == 1 else ''} {vip} with {host}"
+                f" but {'is' if len(strays) == 1 else 'are'} not on {net}: VRRP peers must be"
+                " on one network segment"
+            )
+    elif facts.get("interfaces"):
+        raise AnsibleFilterError(
+            f"{host} has no IPv4 address on {interface or 'its default route'}: set"
+            " load_balancer_virtual_ip_interface to the interface on the load balancers'"
+            " network"
+        )
+    return {
+        "virtual_ip": vip,
+        "prefix": prefix,
+        "interface": interface,
+        "router_id": int(router_id),
+        "peers": [{"host": h, "address": addresses[h]} for h in peers],
+    }
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -135,4 +278,5 @@ class FilterModule:
             "haproxy_servers": haproxy_servers,
             "haproxy_backends": haproxy_backends,
             "load_balancer_seen": load_balancer_seen,
+            "load_balancer_ha": load_balancer_ha,
         }

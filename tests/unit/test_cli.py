@@ -382,7 +382,9 @@ def test_playbooks_hand_the_cli_their_reports_as_set_stats_data(tmp_path, runs_d
                     "children": {
                         "loadbalancers": {
                             "hosts": {
-                                "lb1": {"load_balancer_kind": "nginx"},
+                                # an address this machine holds: 127.0.0.1
+                                "lb1": {"load_balancer_kind": "nginx",
+                                        "load_balancer_virtual_ip": "127.0.0.1"},
                                 "lb2": {"load_balancer_kind": "nginx"},
                             }
                         }
@@ -395,8 +397,9 @@ def test_playbooks_hand_the_cli_their_reports_as_set_stats_data(tmp_path, runs_d
     assert result.rc == 0, result.failures
     assert result.data == {
         "inferfleet_status_balancers": {
-            "lb1": {"kind": "nginx", "backends": {}},
-            "lb2": {"kind": "nginx", "backends": {}},
+            "lb1": {"kind": "nginx", "backends": {}, "virtual_ip": "127.0.0.1",
+                    "holds_virtual_ip": True},
+            "lb2": {"kind": "nginx", "backends": {}, "virtual_ip": "", "holds_virtual_ip": False},
         }
     }
 

@@ -53,6 +53,7 @@ PORT_VARIABLES = {
     "master_port": "inference_engine_master_port",
     "lb_port": "load_balancer_port",
     "lb_admin_port": "load_balancer_admin_port",
+    "lb_peers_port": "load_balancer_haproxy_peers_port",
     "prometheus_port": "monitoring_prometheus_port",
     "node_exporter_port": "monitoring_node_exporter_port",
     "dcgm_exporter_port": "monitoring_dcgm_exporter_port",
@@ -263,6 +264,30 @@ def test_in_networks():
     assert not fw.firewall_in_networks("192.0.2.7", [])
 
 
+# Two HAProxy load balancers sharing a floating address, and an Nginx one without.
+HA_LBS = {
+    "lb1": {"ansible_host": "10.0.0.1", "load_balancer_virtual_ip": "10.0.0.100"},
+    "lb3": {"ansible_host": "10.0.0.3", "load_balancer_virtual_ip": "10.0.0.100"},
+    "lb4": {"ansible_host": "10.0.0.4", "load_balancer_kind": "nginx", "load_balancer_ha": "none"},
+}
+HA_HOSTVARS = {**ENGINES, **HA_LBS, **MONITORING}
+HA_GROUPS = {**GROUPS, "loadbalancers": list(HA_LBS)}
+
+
+def test_load_balancers_sharing_an_address_take_vrrp_and_haproxy_peers_from_each_other_only():
+    lb1 = allowed("lb1", HA_HOSTVARS, HA_GROUPS)
+    assert lb1["vrrp/"] == ["10.0.0.3"] and lb1["tcp/10000"] == ["10.0.0.3"]
+    assert allowed("lb3", HA_HOSTVARS, HA_GROUPS)["vrrp/"] == ["10.0.0.1"]
+    lb4 = allowed("lb4", HA_HOSTVARS, HA_GROUPS)
+    assert "vrrp/" not in lb4 and "tcp/10000" not in lb4
+    assert "vrrp/" not in allowed("rep1", HA_HOSTVARS, HA_GROUPS)
+    # Nginx peers: VRRP only (no HAProxy peers)
+    nginx = {h: {**hv, "load_balancer_kind": "nginx"} for h, hv in HA_LBS.items() if h != "lb4"}
+    groups = {**GROUPS, "loadbalancers": list(nginx)}
+    lb1 = allowed("lb1", {**ENGINES, **nginx, **MONITORING}, groups)
+    assert lb1["vrrp/"] == ["10.0.0.3"] and "tcp/10000" not in lb1
+
+
 # --- Through Ansible: the rendered file and the preflight -------------------------------
 RENDER = """\
 - name: Render the firewall's rules file of every fleet host
@@ -302,7 +327,8 @@ def _nft() -> str:
 
 
 def _playbook(
-    tmp: Path, text: str, hostvars: dict, group_vars: dict | None = None, env: dict | None = None
+    tmp: Path, text: str, hostvars: dict, group_vars: dict | None = None, env: dict | None = None,
+    groups: dict | None = None,
 ) -> subprocess.CompletedProcess:
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     hosts = {
@@ -314,7 +340,7 @@ def _playbook(
             "vars": {"firewall_admin_networks": ADMINS, **(group_vars or {})},
             "children": {
                 group: {"hosts": {h: hosts[h] for h in members}}
-                for group, members in GROUPS.items()
+                for group, members in (groups or GROUPS).items()
             },
         }
     }
@@ -394,6 +420,18 @@ def test_a_published_container_port_is_guarded_where_docker_forwards_it(rendered
     assert "chain forward" not in _text(rendered, "big1")  # CPU node: no DCGM exporter
 
 
+def test_the_vrrp_rule_loads(tmp_path):
+    nft = _nft()
+    run = _playbook(tmp_path, RENDER, HA_HOSTVARS, groups=HA_GROUPS)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    text = (tmp_path / "lb1" / "firewall.nft").read_text()
+    assert "ip saddr { 10.0.0.3 } meta l4proto vrrp accept" in text
+    assert "ip saddr { 10.0.0.3 } tcp dport 10000 accept" in text
+    check = subprocess.run([nft, "-c", "-f", str(tmp_path / "lb1" / "firewall.nft")],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+
+
 def test_the_rendered_file_is_root_only(rendered):
     assert (rendered / "mon" / "firewall.nft").stat().st_mode & 0o777 == 0o600
 
@@ -455,6 +493,7 @@ def test_the_docs_ports_table_matches_the_defaults():
     expected["firewall_ssh_port"] = str(DEFAULTS["firewall_ssh_port"])
     expected["firewall_group_port_ranges"] = ", ".join(DEFAULTS["firewall_group_port_ranges"])
     expected["firewall_ray_ports"] = "none"
+    expected["load_balancer_virtual_ip"] = "none"
     assert documented == expected
 
 

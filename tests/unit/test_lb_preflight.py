@@ -32,7 +32,7 @@ PLAYBOOK = """\
 
 
 def _inventory(lb: dict | None = None, backends: dict | None = None, lb_name: str = "lb1",
-               also_engine: bool = False) -> dict:
+               also_engine: bool = False, peer: dict | None = None) -> dict:
     lb_vars = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
                "load_balancer_api_keys": GOOD_KEYS, **(lb or {})}
     backends = {"node1": {"ansible_host": "10.0.0.11"}, "node2": {"ansible_host": "10.0.0.12"}} \
@@ -40,8 +40,11 @@ def _inventory(lb: dict | None = None, backends: dict | None = None, lb_name: st
     inference = dict(backends)
     if also_engine:
         inference[lb_name] = {}
+    balancers = {lb_name: lb_vars}
+    if peer is not None:  # a second load balancer
+        balancers["lb2"] = {**lb_vars, **peer}
     return {"all": {"children": {
-        "loadbalancers": {"hosts": {lb_name: lb_vars}},
+        "loadbalancers": {"hosts": balancers},
         "inference": {"hosts": inference},
     }}}
 
@@ -168,6 +171,22 @@ CASES = {
         _inventory(lb={"load_balancer_retry_on": ["conn-failure", "empty-response", 503]}),
         ["load_balancer_retry_on may hold conn-failure and HTTP statuses", "remove empty-response"],
     ),
+    "two load balancers, no floating address, no ha none": (
+        _inventory(peer={}),
+        ["2 load balancers (lb1, lb2) and no load_balancer_virtual_ip on lb1",
+         "or say load_balancer_ha: none"],
+    ),
+    "floating address without its password": (
+        _inventory(lb={"load_balancer_virtual_ip": "10.9.9.100", "inferfleet_address": "10.9.9.1"},
+                   peer={"inferfleet_address": "10.9.9.2"}),
+        ["load_balancer_vrrp_password on lb1 is empty", "1 to 8 characters", "vaulted file"],
+    ),
+    "floating address in CIDR form": (
+        _inventory(lb={"load_balancer_virtual_ip": "10.9.9.100/24",
+                       "inferfleet_address": "10.9.9.1", "load_balancer_vrrp_password": "pw"}),
+        ["load_balancer_virtual_ip '10.9.9.100/24' on lb1 is not an IPv4 address",
+         "without a prefix length"],
+    ),
     "allowed path not a path": (
         _inventory(lb={"load_balancer_allowed_paths": ["v1/completions"]}),
         ["load_balancer_allowed_paths must list exact paths"],
@@ -195,3 +214,39 @@ def test_good_inventory_passes(tmp_path):
     run = _preflight(tmp_path, inventory)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert SECRET not in run.stdout + run.stderr
+
+
+HA_PLAYBOOK = """\
+- name: Load balancer preflight, then the floating address against the hosts' network facts
+  hosts: loadbalancers
+  gather_facts: false
+  tasks:
+    - name: Run the role's preflight
+      ansible.builtin.include_role:
+        name: inferfleet.fleet.load_balancer
+        tasks_from: preflight
+    - name: Run the role's check of the floating address
+      ansible.builtin.include_role:
+        name: inferfleet.fleet.load_balancer
+        tasks_from: ha_preflight
+"""
+
+
+def test_a_floating_address_outside_the_hosts_network_is_refused(tmp_path):
+    """Both load balancers run here (a local connection): their network is this machine's
+    default route's, which 203.0.113.0/24 (TEST-NET-3) is not."""
+    lb = {"load_balancer_virtual_ip": "203.0.113.200", "inferfleet_address": "10.9.9.1",
+          "load_balancer_vrrp_password": "pw"}
+    inventory = _inventory(lb=lb, peer={"inferfleet_address": "10.9.9.2"})
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "preflight.yml").write_text(HA_PLAYBOOK)
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    run = subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), "-i", str(tmp_path / "inventory.yml"),
+         str(tmp_path / "preflight.yml")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )
+    out = _one_line(run.stdout + run.stderr)
+    assert run.returncode != 0, out[-3000:]
+    assert "load_balancer_virtual_ip 203.0.113.200 is outside" in out, out[-3000:]
+    assert "choose a free address in" in out and "Passed" in out  # the preflight itself passed

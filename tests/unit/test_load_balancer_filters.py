@@ -5,6 +5,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.inferfleet.fleet.plugins.filter.load_balancer import (
     haproxy_backends,
     haproxy_servers,
+    load_balancer_ha,
     load_balancer_servers,
 )
 
@@ -52,3 +53,102 @@ def test_two_models_that_would_share_a_backend_name_are_refused():
     hostvars = {"a": {"inferfleet_model_name": "q/x"}, "b": {"inferfleet_model_name": "q_x"}}
     with pytest.raises(AnsibleFilterError, match="q/x and q_x would share one load balancer"):
         load_balancer_servers({"a": ["a"], "b": ["b"]}, hostvars, {**DEFAULTS, "model": "m"})
+
+
+# --- The floating address ------------------------------------------------------------------
+
+HA = {"ha": "", "virtual_ip": "10.0.5.200", "interface": "", "router_id": 51,
+      "password": "s3cret", "kind": "haproxy"}
+
+
+def _facts(address: str, interface: str = "eth0") -> dict:
+    return {"interfaces": ["lo", interface],
+            "default_ipv4": {"interface": interface, "address": address},
+            interface: {"ipv4": {"address": address, "netmask": "255.255.255.0"}}}
+
+
+def _balancers(*hosts: tuple, facts: bool = True) -> tuple[dict, dict]:
+    """groups and hostvars of load balancers (name, address, own variables)."""
+    hostvars = {}
+    for name, address, own in hosts:
+        hostvars[name] = {"load_balancer_virtual_ip": "10.0.5.200", **own}
+        if facts:
+            hostvars[name]["ansible_facts"] = _facts(address)
+        else:
+            hostvars[name]["ansible_host"] = address
+    return {"loadbalancers": [h[0] for h in hosts]}, hostvars
+
+
+def test_two_load_balancers_share_the_address_with_each_other():
+    groups, hostvars = _balancers(("lb1", "10.0.5.11", {}), ("lb2", "10.0.5.12", {}))
+    ha = load_balancer_ha("lb1", groups, hostvars, HA)
+    assert ha == {"virtual_ip": "10.0.5.200", "prefix": 24, "interface": "eth0", "router_id": 51,
+                  "peers": [{"host": "lb1", "address": "10.0.5.11"},
+                            {"host": "lb2", "address": "10.0.5.12"}]}
+
+
+def test_before_the_facts_the_peers_come_from_the_inventory_and_the_network_waits():
+    groups, hostvars = _balancers(("lb1", "10.0.5.11", {}), ("lb2", "10.0.5.12", {}), facts=False)
+    ha = load_balancer_ha("lb1", groups, hostvars, HA)
+    assert ha["prefix"] is None
+    assert [p["address"] for p in ha["peers"]] == ["10.0.5.11", "10.0.5.12"]
+    # an inventory name only: its address is known once its facts are gathered
+    del hostvars["lb2"]["ansible_host"]
+    ha = load_balancer_ha("lb1", groups, hostvars, HA)
+    assert ha["peers"][1] == {"host": "lb2", "address": None}
+
+
+def test_one_load_balancer_needs_no_address_and_two_must_say_so():
+    groups, hostvars = _balancers(("lb1", "10.0.5.11", {}))
+    assert load_balancer_ha("lb1", groups, hostvars, {**HA, "virtual_ip": ""}) == {}
+    groups, hostvars = _balancers(("lb1", "10.0.5.11", {}), ("lb2", "10.0.5.12", {}))
+    with pytest.raises(AnsibleFilterError, match=r"2 load balancers \(lb1, lb2\) and no "
+                       r"load_balancer_virtual_ip on lb1: set one .* say load_balancer_ha: none"):
+        load_balancer_ha("lb1", groups, hostvars, {**HA, "virtual_ip": ""})
+    assert load_balancer_ha("lb1", groups, hostvars, {**HA, "virtual_ip": "", "ha": "none"}) == {}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"virtual_ip": "10.0.6.200"}, r"10.0.6.200 is outside 10.0.5.0/24, the network of eth0 on "
+                                   r"lb1: choose a free address in 10.0.5.0/24"),
+    ({"virtual_ip": "10.0.5.12"}, r"10.0.5.12 is the address of lb2: choose a free address"),
+    ({"virtual_ip": "10.0.5.200/24"}, r"not an IPv4 address .* without a prefix length"),
+    ({"virtual_ip": "fd00::5"}, r"not an IPv4 address"),
+    ({"ha": "vrrp"}, r"load_balancer_ha is 'vrrp' on lb1: say keepalived .* or none"),
+    ({"ha": "keepalived", "virtual_ip": ""}, r"load_balancer_virtual_ip is not set"),
+    ({"router_id": 256}, r"load_balancer_vrrp_router_id 256 on lb1: use 1..255"),
+    ({"password": ""}, r"load_balancer_vrrp_password on lb1 is empty"),
+    ({"password": "123456789"}, r"longer than 8 characters"),
+    ({"interface": "eth1"},
+     r"lb1 has no IPv4 address on eth1: set load_balancer_virtual_ip_interface"),
+])
+def test_a_bad_floating_address_is_refused_naming_what_to_change(change, message):
+    groups, hostvars = _balancers(("lb1", "10.0.5.11", {}), ("lb2", "10.0.5.12", {}))
+    with pytest.raises(AnsibleFilterError, match=message) as refused:
+        load_balancer_ha("lb1", groups, hostvars, {**HA, **change})
+    assert "123456789" not in str(refused.value) and "s3cret" not in str(refused.value)
+
+
+def test_peers_running_different_proxies_are_refused():
+    groups, hostvars = _balancers(("lb1", "10.0.5.11", {"load_balancer_kind": "nginx"}),
+                                  ("lb2", "10.0.5.12", {}))
+    with pytest.raises(AnsibleFilterError, match=r"the load balancers sharing 10.0.5.200 run "
+                                                 r"different proxies \(lb1: nginx, lb2: haproxy\)"):
+        load_balancer_ha("lb2", groups, hostvars, HA)
+
+
+def test_a_peer_on_another_network_is_refused():
+    groups, hostvars = _balancers(("lb1", "10.0.5.11", {}), ("lb2", "10.0.7.12", {}))
+    with pytest.raises(AnsibleFilterError, match=r"lb2 shares 10.0.5.200 with lb1 but is not on "
+                                                 r"10.0.5.0/24: VRRP peers must be on one"):
+        load_balancer_ha("lb1", groups, hostvars, HA)
+
+
+def test_peers_are_the_load_balancers_of_the_same_address():
+    groups, hostvars = _balancers(("lb1", "10.0.5.11", {}), ("lb2", "10.0.5.12", {}),
+                                  ("nginx", "10.0.5.13", {"load_balancer_ha": "none",
+                                                          "load_balancer_kind": "nginx"}),
+                                  ("lb3", "10.0.5.14", {"load_balancer_virtual_ip": "10.0.5.201"}))
+    ha = load_balancer_ha("lb2", groups, hostvars, HA)
+    assert [p["host"] for p in ha["peers"]] == ["lb1", "lb2"]
+    assert load_balancer_ha("nginx", groups, hostvars, {**HA, "ha": "none", "kind": "nginx"}) == {}

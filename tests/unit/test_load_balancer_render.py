@@ -101,6 +101,8 @@ def _inventory(backends: dict[str, dict], variants: dict[str, dict], out: Path) 
             "load_balancer_haproxy_config_dir": str(folder),
             "load_balancer_nginx_config_dir": str(folder),
             "load_balancer_haproxy_server_state_file": str(folder / "server-state"),
+            # several load balancers here, each rendered alone: no floating address
+            "load_balancer_ha": "none",
             **hostvars,
         }
     return {
@@ -114,13 +116,15 @@ def _inventory(backends: dict[str, dict], variants: dict[str, dict], out: Path) 
 
 
 def _render(tmp: Path, backends: dict[str, dict], only: tuple[str, ...] = (),
-            extra: dict | None = None) -> Path:
+            extra: dict | None = None, addresses: dict | None = None) -> Path:
     out = tmp / "out"
     out.mkdir()
     variants = _variants(_self_signed(tmp))
     if only:
         variants = {name: variants[name] for name in only}
-    variants = {name: {**hostvars, **(extra or {})} for name, hostvars in variants.items()}
+    variants = {name: {**hostvars, **(extra or {}),
+                       **({"ansible_host": addresses[name]} if addresses else {})}
+                for name, hostvars in variants.items()}
     inventory = _inventory(backends, variants, out)
     (tmp / "inventory.yml").write_text(yaml.safe_dump(inventory))
     (tmp / "render.yml").write_text(PLAYBOOK)
@@ -183,6 +187,15 @@ def two(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def three(tmp_path_factory) -> Path:
     return _render(tmp_path_factory.mktemp("three"), THREE, only=("haproxy", "nginx"))
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> Path:
+    """Two HAProxy load balancers sharing a floating address."""
+    ha = {"load_balancer_ha": "", "load_balancer_virtual_ip": "10.0.0.100",
+          "load_balancer_vrrp_password": "pair-pw"}
+    return _render(tmp_path_factory.mktemp("pair"), TWO, only=("haproxy", "haproxy_open"),
+                   extra=ha, addresses={"haproxy": "10.0.0.2", "haproxy_open": "10.0.0.3"})
 
 
 def _section(cfg: str, header: str) -> list[str]:
@@ -433,6 +446,21 @@ def test_nginx_routes_each_model_to_its_own_upstream(models_nginx):
     assert "default 127.0.0.1:8404/inferfleet-refused/unknown?model=$inferfleet_model;" in lines
     assert '"~^bob:" 0;' in lines and '"bob:org/beta-1.5" 1;' in lines
     assert "client_max_body_size 262144;" in lines and "client_body_in_single_buffer on;" in lines
+
+
+def test_haproxy_peers_keep_the_rate_counters_in_step(pair, two):
+    for name in ("haproxy", "haproxy_open"):
+        _haproxy_check(pair / name)
+        cfg = (pair / name / "haproxy.cfg").read_text()
+        assert f"localpeer lb_{name}" in _section(cfg, "global")
+        assert _section(cfg, "peers inferfleet_peers") == [
+            "peer lb_haproxy 10.0.0.2:10000", "peer lb_haproxy_open 10.0.0.3:10000"]
+        tables = [line for line in cfg.splitlines() if "stick-table" in line]
+        assert tables and all(line.endswith(" peers inferfleet_peers") for line in tables)
+        assert "pair-pw" not in cfg
+    # one load balancer, or several without a floating address: no peers
+    cfg = (two / "haproxy" / "haproxy.cfg").read_text()
+    assert "peers" not in cfg and "localpeer" not in cfg
 
 
 def test_a_single_model_fleet_keeps_its_configuration(two):

@@ -3,7 +3,7 @@
 
 from rich.console import Console
 
-from inferfleet.commands.status import status_table
+from inferfleet.commands.status import edge_line, edge_view, status_table
 
 
 def node(instance, rank, host, healthy=True, version="v1", lb="inferfleet-lab-lb: UP"):
@@ -63,3 +63,19 @@ def test_wide_shows_every_node_and_field():
     for host in ("inferfleet-pipeline-node1", "inferfleet-pipeline-node2"):
         assert host in text
     assert "sha256:aa1c6312e58b" in text and "0.091 s" in text and "12%" in text
+
+
+def test_the_floating_address_shows_who_holds_it():
+    balancers = {
+        "lb2": {"kind": "haproxy", "virtual_ip": "10.0.0.100", "holds_virtual_ip": True},
+        "lb1": {"kind": "haproxy", "virtual_ip": "10.0.0.100", "holds_virtual_ip": False},
+        "nginx": {"kind": "nginx", "virtual_ip": "", "holds_virtual_ip": False},
+    }
+    edges = edge_view(balancers)
+    assert edges == [{"virtual_ip": "10.0.0.100", "peers": ["lb1", "lb2"], "held_by": ["lb2"]}]
+    assert edge_line(edges[0]) == "floating address 10.0.0.100 (lb1, lb2): held by lb2"
+    balancers["lb2"]["holds_virtual_ip"] = False
+    assert edge_line(edge_view(balancers)[0]).endswith("held by NO load balancer")
+    balancers["lb1"]["holds_virtual_ip"] = balancers["lb2"]["holds_virtual_ip"] = True
+    assert edge_line(edge_view(balancers)[0]).endswith("held by 2 load balancers at once: lb1, lb2")
+    assert edge_view({"lb": {"kind": "haproxy"}}) == []  # one load balancer, no address

@@ -115,6 +115,29 @@ def utilization(inventory: Path, seconds: float, as_json: bool) -> None:
     console.print(out["advice"])
 
 
+def edge_view(balancers: dict[str, dict]) -> list[dict]:
+    """Each floating address: its peers and which of them hold it (one, when all is well)."""
+    edges: dict[str, dict] = {}
+    for lb, msg in sorted(balancers.items()):
+        vip = str(msg.get("virtual_ip") or "")
+        if vip:
+            edge = edges.setdefault(vip, {"virtual_ip": vip, "peers": [], "held_by": []})
+            edge["peers"].append(lb)
+            if msg.get("holds_virtual_ip"):
+                edge["held_by"].append(lb)
+    return list(edges.values())
+
+
+def edge_line(edge: dict) -> str:
+    held = edge["held_by"]
+    holder = (
+        f"held by {held[0]}" if len(held) == 1
+        else "held by NO load balancer" if not held
+        else f"held by {len(held)} load balancers at once: {', '.join(held)}"
+    )
+    return f"floating address {edge['virtual_ip']} ({', '.join(edge['peers'])}): {holder}"
+
+
 def alert_line(alert: dict) -> str:
     """`InferfleetEngineDown (critical) node2`: the alert, its severity, where."""
     where = " ".join(x for x in (alert["instance"], alert["server"]) if x)
@@ -290,12 +313,19 @@ def status(
                 else {}
             )
             rows[-1].update({name: figures.get(name) for name in PROMETHEUS_FIGURES})
+    edges = edge_view(balancers)
     if as_json:
         print(
-            json.dumps({"nodes": rows, "prometheus": prom, "failures": result.failures}, indent=2)
+            json.dumps(
+                {"nodes": rows, "edge": edges, "prometheus": prom, "failures": result.failures},
+                indent=2,
+            )
         )
     else:
         console.print(status_table(rows, prom is not None, wide))
+        for edge in edges:
+            color = "" if len(edge["held_by"]) == 1 else "[red]"
+            console.print(f"{color}{edge_line(edge)}{'[/]' if color else ''}", soft_wrap=True)
         if prom:
             for name, error in prom["errors"].items():
                 console.print(f"[yellow]Prometheus on {prom['host']}: {name}: {error}[/]")
