@@ -56,6 +56,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--pause", type=float, default=0.0)
     p.add_argument("--duration", type=float, default=300)
+    p.add_argument("--timeout", type=float, default=120, help="seconds a request may take")
     p.add_argument("--stop-file", default="/tmp/load_loop.stop")
     p.add_argument("--out", default="/tmp/load_loop.json")
     p.add_argument("--key-env", default="LB_KEY")
@@ -77,7 +78,7 @@ def main() -> None:
                 "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
             start = time.time()
             try:
-                with urllib.request.urlopen(req, timeout=120) as resp:
+                with urllib.request.urlopen(req, timeout=args.timeout) as resp:
                     resp.read()
                     status = resp.status
             except urllib.error.HTTPError as err:
