@@ -49,9 +49,10 @@ def _inventory(lb: dict | None = None, backends: dict | None = None, lb_name: st
     }}}
 
 
-def _preflight(tmp_path: Path, inventory: dict) -> subprocess.CompletedProcess:
+def _preflight(tmp_path: Path, inventory: dict,
+               playbook: str = PLAYBOOK) -> subprocess.CompletedProcess:
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
-    (tmp_path / "preflight.yml").write_text(PLAYBOOK)
+    (tmp_path / "preflight.yml").write_text(playbook)
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
     return subprocess.run(
         [str(ANSIBLE_PLAYBOOK), "-i", str(tmp_path / "inventory.yml"),
@@ -216,15 +217,8 @@ def test_good_inventory_passes(tmp_path):
     assert SECRET not in run.stdout + run.stderr
 
 
-HA_PLAYBOOK = """\
-- name: Load balancer preflight, then the floating address against the hosts' network facts
-  hosts: loadbalancers
-  gather_facts: false
-  tasks:
-    - name: Run the role's preflight
-      ansible.builtin.include_role:
-        name: inferfleet.fleet.load_balancer
-        tasks_from: preflight
+# The preflight, then the role's check of the floating address with the hosts' facts.
+HA_PLAYBOOK = PLAYBOOK + """\
     - name: Run the role's check of the floating address
       ansible.builtin.include_role:
         name: inferfleet.fleet.load_balancer
@@ -237,15 +231,8 @@ def test_a_floating_address_outside_the_hosts_network_is_refused(tmp_path):
     default route's, which 203.0.113.0/24 (TEST-NET-3) is not."""
     lb = {"load_balancer_virtual_ip": "203.0.113.200", "inferfleet_address": "10.9.9.1",
           "load_balancer_vrrp_password": "pw"}
-    inventory = _inventory(lb=lb, peer={"inferfleet_address": "10.9.9.2"})
-    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
-    (tmp_path / "preflight.yml").write_text(HA_PLAYBOOK)
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
-    run = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", str(tmp_path / "inventory.yml"),
-         str(tmp_path / "preflight.yml")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-    )
+    run = _preflight(tmp_path, _inventory(lb=lb, peer={"inferfleet_address": "10.9.9.2"}),
+                     HA_PLAYBOOK)
     out = _one_line(run.stdout + run.stderr)
     assert run.returncode != 0, out[-3000:]
     assert "load_balancer_virtual_ip 203.0.113.200 is outside" in out, out[-3000:]
