@@ -254,7 +254,8 @@ def load_balancer_ha(host: str, groups: Mapping, hostvars: Mapping, settings: Ma
             raise AnsibleFilterError(
                 f"{', '.join(strays)} share{'s' if len(strays) == 1 else ''} {vip} with {host}"
                 f" but {'is' if len(strays) == 1 else 'are'} not on {net}: VRRP peers must be"
-                " on one network segment"
+                " on one network segment (where a host has an address there too, set its"
+                " inferfleet_address to it)"
             )
     elif facts.get("interfaces"):
         raise AnsibleFilterError(
