@@ -14,16 +14,30 @@ pytestmark = pytest.mark.lab
 SCENARIOS = ["default", "lb", "replicated", "pipeline", "gpu_host"]
 
 
+def ignored(lines: list[str], i: int) -> bool:
+    """Whether the failure on line i was ignored: "...ignoring" before the next task."""
+    for later in lines[i + 1 :]:
+        if "...ignoring" in later:
+            return True
+        if "TASK [" in later or "PLAY [" in later:
+            return False
+    return False
+
+
 def failures(scenario: str, log: str) -> str:
     """What a person needs first: the line of an image build that failed (dependency steps
-    print "inferfleet: cannot build ..."), else the failed tasks with a few lines of
-    context."""
+    print "inferfleet: cannot build ..."), else the failed tasks that were not ignored, the
+    last ones first (the one that ended the run), each with its message."""
     lines = log.splitlines()
     builds = [line for line in lines if line.startswith("inferfleet: cannot build")]
     if builds:
         return f"{builds[0]}\n(in molecule test -s {scenario}'s dependency step)"
-    hits = [i for i, line in enumerate(lines) if re.search(r"fatal:|FAILED!|failed: \[", line)]
-    tasks = "\n".join("\n".join(lines[max(0, i - 3) : i + 12]) for i in hits[:5])
+    hits = [
+        i
+        for i, line in enumerate(lines)
+        if re.search(r"fatal:|FAILED!|failed: \[", line) and not ignored(lines, i)
+    ]
+    tasks = "\n---\n".join("\n".join(lines[max(0, i - 3) : i + 40]) for i in reversed(hits[-3:]))
     return f"molecule test -s {scenario} failed:\n{tasks}"
 
 
