@@ -11,7 +11,7 @@ def _run(cmd, cwd):
 
 
 def test_ruff(repo_root, venv_bin):
-    _run([venv_bin / "ruff", "check", "src", "tests", "plugins", "benchmarks"], repo_root)
+    _run([venv_bin / "ruff", "check", "."], repo_root)
 
 
 def test_ansible_lint_production_profile(repo_root, venv_bin):

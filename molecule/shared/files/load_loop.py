@@ -13,6 +13,8 @@ rather than by the slower test driver.
 """
 
 import argparse
+import csv
+import io
 import json
 import os
 import socket
@@ -43,9 +45,7 @@ def haproxy_states(path: str) -> dict:
         data = b""
         while chunk := sock.recv(65536):
             data += chunk
-    lines = data.decode().splitlines()
-    header = lines[0].lstrip("# ").split(",")
-    rows = [dict(zip(header, line.split(","))) for line in lines[1:] if line]
+    rows = csv.DictReader(io.StringIO(data.decode().removeprefix("# ")))
     return {row["svname"]: row["status"] for row in rows}
 
 
