@@ -5,6 +5,7 @@ read with the parsers that verify and status use on a real vLLM."""
 import dataclasses
 import importlib.util
 import json
+import subprocess
 import sys
 import threading
 import urllib.error
@@ -128,6 +129,22 @@ def test_a_sequence_that_outgrows_the_cache_preempts_the_newest():
     old_end = old.token_times[-1]
     pairs = zip(new.token_times, new.token_times[1:], strict=False)
     assert any(a < old_end < b for a, b in pairs), (old.token_times, new.token_times)
+
+
+def test_a_profile_that_cannot_hold_one_request_is_refused_at_start(tmp_path):
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps({**dataclasses.asdict(L4), "kv_blocks": 10}))
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"name": "x"}))
+    script = str(FILES / "sim_engine.py")
+    for profile, expected in ((small, "does not fit the KV cache"), (broken, "--profile")):
+        done = subprocess.run(
+            [sys.executable, script, "--served-model-name", "m", "--profile", str(profile)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 2 and expected in done.stderr, done.stderr
 
 
 @pytest.fixture

@@ -565,7 +565,17 @@ def main() -> None:
         "--start-delay", type=float, default=0.0, help="seconds before listening (a slow start)"
     )
     args = parser.parse_args()
-    Handler.engine = Engine(Profile.load(args.profile), args.served_model_name)
+    try:
+        profile = Profile.load(args.profile)
+    except (OSError, ValueError, TypeError) as err:
+        parser.error(f"--profile {args.profile}: {err}")
+    capacity = profile.kv_blocks * profile.block_size
+    if args.max_model_len > capacity:  # vLLM refuses to start in this case too
+        parser.error(
+            f"--max-model-len {args.max_model_len} does not fit the KV cache of profile "
+            f"{profile.name} ({capacity} tokens): lower it, or use a profile with more kv_blocks"
+        )
+    Handler.engine = Engine(profile, args.served_model_name)
     Handler.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
     Handler.version, Handler.max_model_len = args.version, args.max_model_len
     time.sleep(args.start_delay)
