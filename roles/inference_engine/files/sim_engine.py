@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A SIMULATED inference engine: a stand-in for a GPU-backed vLLM where no GPU exists
 (scale, routing and fault-timing tests; never a functional scenario's engine).
 
