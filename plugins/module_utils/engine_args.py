@@ -15,7 +15,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 ACCELERATORS = ("nvidia", "cpu")
-RUNTIMES = ("venv", "container")
 
 # Flags each owned by one role variable: given in extra_args they are refused, so a
 # value is never set twice (and the unit never disagrees with the inventory).

@@ -1,6 +1,6 @@
 """The engine role's settings preflight (roles/inference_engine/tasks/preflight.yml) for
-multi-node instances, run by Ansible on a local connection: each bad setting is refused
-with a message that names the variable to change."""
+multi-node instances and the sim runtime, run by Ansible on a local connection: each bad
+setting is refused with a message that names the variable to change."""
 
 import shutil
 import subprocess
@@ -62,3 +62,23 @@ def test_bad_group_settings_are_refused_naming_the_variable(tmp_path, settings, 
     assert done.returncode != 0
     assert message in out
     assert "t0ken" not in out  # the Ray token is never printed
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"inference_engine_pipeline_parallel_size": 2},
+     "inference_engine_runtime sim simulates single-node instances: "
+     "set inference_engine_pipeline_parallel_size to 1"),
+    ({"inference_engine_sim_profile": "h100-llama"},
+     "inference_engine_sim_profile h100-llama is not a shipped profile (l4-qwen2.5-0.5b): "
+     "name one of them"),
+    ({}, None),
+    ({"inference_engine_sim_profile": "/srv/profiles/mine.json"}, None),
+])
+def test_sim_runtime_settings(tmp_path, settings, message):
+    done = preflight(tmp_path, {"inference_engine_runtime": "sim", **settings})
+    out = " ".join((done.stdout + done.stderr).split())
+    if message is None:
+        assert done.returncode == 0, out
+    else:
+        assert done.returncode != 0
+        assert message in out

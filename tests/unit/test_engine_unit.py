@@ -1,15 +1,23 @@
 """The inference_engine role's own unit template, rendered by Ansible from the role's own
 defaults and vars (tests/unit/engine_render.py: one ansible-playbook run for the module),
-for both accelerators and both runtimes."""
+for both accelerators and both runtimes, and the sim runtime's SIMULATED engine."""
 
+import json
 import shutil
+import socket
 import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import jinja2
 import jinja2.meta
 import pytest
 import yaml
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.memory import (
+    parse_kv_cache_log,
+)
 from engine_render import ROLE, render_cases, unit_exec_start
 
 MODEL = "/var/lib/inferfleet/models/llama/current"
@@ -51,6 +59,7 @@ def cases(folder):
         "cpu-gmu": overrides("venv", "cpu", inference_engine_gpu_memory_utilization=0.5),
         "nvidia-gmu": overrides("venv", "nvidia", inference_engine_gpu_memory_utilization=0.5),
         "extra-args": overrides("venv", "nvidia", inference_engine_extra_args=EXTRA),
+        "sim": overrides("sim", "nvidia", inference_engine_max_model_len=2048),
         "vars-cpu": {"inferfleet_accelerator": "cpu", "inference_engine_pip_find_links": "/w"},
         "vars-gpu": {},
     }
@@ -193,3 +202,52 @@ def test_role_vars_as_ansible_resolves_them(rendered):
     assert gpu["inference_engine_accelerator"] == "nvidia"
     assert gpu["_inference_engine_install_spec"] == "vllm==0.32.0"
     assert gpu["_inference_engine_torch_pip_args"].endswith("--extra-index-url https://download.pytorch.org/whl/cpu")
+
+
+def test_sim_runtime_runs_the_simulated_engine_with_vllms_arguments(rendered):
+    unit = rendered["sim"].unit
+    words = unit_exec_start(unit)
+    assert words[:3] == ["/usr/bin/python3", "/opt/inferfleet/engine/sim_engine.py", MODEL]
+    assert words[words.index("--served-model-name") + 1] == "llama"
+    assert words[words.index("--profile") + 1] == "/opt/inferfleet/engine/sim-profile.json"
+    assert words[words.index("--version") + 1] == "0.32.0+sim"
+    assert "SIMULATED vLLM 0.32.0" in lines(unit, "Description")[0]
+    assert lines(unit, "User") == ["vllm"]
+    assert "s3cret-key" not in unit
+
+
+def test_the_simulated_engine_accepts_the_rendered_arguments(rendered, tmp_path):
+    """The sim started with the unit's own ExecStart (program, profile and port swapped for
+    this machine's) serves the model, names the flags it does not model, and logs the KV
+    line the role's capacity check reads."""
+    words = unit_exec_start(rendered["sim"].unit)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = words[2:]
+    args[args.index("--port") + 1] = str(port)
+    args[args.index("--host") + 1] = "127.0.0.1"
+    args[args.index("--profile") + 1] = str(ROLE / "files/sim_profiles/l4-qwen2.5-0.5b.json")
+    log = tmp_path / "sim.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, str(ROLE / "files/sim_engine.py"), *args],
+                                stderr=out, env={"VLLM_API_KEY": "s3cret-key"})
+    try:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models",
+                                         headers={"Authorization": "Bearer s3cret-key"})
+        for _ in range(100):
+            try:
+                with urllib.request.urlopen(request, timeout=5) as answer:
+                    models = json.load(answer)
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError(f"the sim did not answer: {log.read_text()}")
+        assert [m["id"] for m in models["data"]] == ["llama"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    text = log.read_text()
+    assert "not modelled, ignored: --tensor-parallel-size 4" in text
+    assert parse_kv_cache_log(text) == (1040000, 2048, 507.81)

@@ -22,10 +22,12 @@ model and the prompt, so every replica of one model answers alike. Standard libr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
 import queue
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -94,8 +96,8 @@ class Sequence:
 class Scheduler:
     """The latency model, on a clock the caller advances (unit tests drive it directly)."""
 
-    def __init__(self, profile: Profile):
-        self.p = profile
+    def __init__(self, profile: Profile, prefix_caching: bool = True):
+        self.p, self.prefix_caching = profile, prefix_caching
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.cache: OrderedDict[int, int] = OrderedDict()  # block hash -> references, LRU order
@@ -103,7 +105,8 @@ class Scheduler:
         self.queries = self.hits = self.preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        seq.hashes = block_hashes(seq.prompt, self.p.block_size)
+        if self.prefix_caching:
+            seq.hashes = block_hashes(seq.prompt, self.p.block_size)
         self.waiting.append(seq)
 
     def _blocks_for(self, tokens: int) -> int:
@@ -133,7 +136,8 @@ class Scheduler:
             for h in seq.hashes[:hit]:
                 self.cache[h] -= 1
             return False
-        self.queries += len(seq.prompt)
+        if self.prefix_caching:
+            self.queries += len(seq.prompt)
         self.hits += hit * self.p.block_size
         seq.cached_tokens = hit * self.p.block_size
         seq.shared = seq.hashes[:hit]
@@ -303,8 +307,8 @@ class Histogram:
 class Engine:
     """The scheduler on the wall clock: one thread runs its steps, sleeping their time."""
 
-    def __init__(self, profile: Profile, model: str):
-        self.scheduler, self.model = Scheduler(profile), model
+    def __init__(self, profile: Profile, model: str, prefix_caching: bool = True):
+        self.scheduler, self.model = Scheduler(profile, prefix_caching), model
         self.lock = threading.Condition()
         self.success: dict[str, int] = {"stop": 0, "length": 0}
         self.prompt_tokens = self.generation_tokens = 0
@@ -550,31 +554,56 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
+    # Called like `vllm serve` (the role renders the same arguments): the flags that shape
+    # the simulation are read, the others (parallel sizes, dtype, memory) are what the
+    # profile stands for, and are named on stderr as ignored.
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?", default="", help="the model folder (not read)")
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--served-model-name", required=True)
+    parser.add_argument("--served-model-name", default="", help="else the model argument")
     parser.add_argument("--profile", required=True, help="a JSON file of Profile's fields")
     parser.add_argument(
         "--api-key", default=None, help="else the VLLM_API_KEY environment variable"
     )
     parser.add_argument("--version", default="0.0.0+sim", help="what /version reports")
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="else the profile's")
+    parser.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
+    )
     parser.add_argument(
         "--start-delay", type=float, default=0.0, help="seconds before listening (a slow start)"
     )
-    args = parser.parse_args()
+    args, ignored = parser.parse_known_args()
+    name = args.served_model_name or args.model
+    if not name:
+        parser.error("give the model's name: --served-model-name NAME (or the model argument)")
     try:
         profile = Profile.load(args.profile)
     except (OSError, ValueError, TypeError) as err:
         parser.error(f"--profile {args.profile}: {err}")
+    if args.max_num_seqs is not None:
+        if args.max_num_seqs < 1:
+            parser.error("--max-num-seqs must be 1 or more")
+        profile = dataclasses.replace(profile, max_num_seqs=args.max_num_seqs)
     capacity = profile.kv_blocks * profile.block_size
     if args.max_model_len > capacity:  # vLLM refuses to start in this case too
         parser.error(
             f"--max-model-len {args.max_model_len} does not fit the KV cache of profile "
             f"{profile.name} ({capacity} tokens): lower it, or use a profile with more kv_blocks"
         )
-    Handler.engine = Engine(profile, args.served_model_name)
+    if ignored:
+        print(f"SIMULATED engine: not modelled, ignored: {' '.join(ignored)}", file=sys.stderr)
+    # the line vLLM logs at start, which the role's capacity check reads
+    print(
+        f"SIMULATED engine, profile {profile.name}: GPU KV cache size: {capacity:,} tokens, "
+        f"Maximum concurrency for {args.max_model_len:,} tokens per request: "
+        f"{capacity / args.max_model_len:.2f}x",
+        file=sys.stderr,
+        flush=True,
+    )
+    Handler.engine = Engine(profile, name, args.enable_prefix_caching)
     Handler.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
     Handler.version, Handler.max_model_len = args.version, args.max_model_len
     time.sleep(args.start_delay)
