@@ -4,7 +4,8 @@ Needs the lab (`inferfleet lab up`). The same bounded load is sent (a) straight 
 engine, (b) through HAProxy with only that engine in service (the other one set to
 maintenance through the runtime API), (c) through HAProxy to both. Prints latency
 p50/p99 and throughput for each, and the ratios (b)/(a) for p50 latency (target: under
-1.05) and (c)/(b) for throughput (target: at least 1.8, machine permitting).
+1.05) and (c)/(b) for throughput (target: at least 1.8, machine permitting). A run in
+which any request failed says so and exits 1 without ratios.
 
     .venv/bin/python benchmarks/lb_overhead.py [--concurrency 4] [--count 80] [--max-tokens 32]
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+import sys
 
 from inferfleet.commands.common import LAB_INVENTORY
 from inferfleet.fleet import load
@@ -43,7 +45,7 @@ def row(name: str, r: LoadReport) -> str:
     )
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--count", type=int, default=80)
@@ -84,9 +86,16 @@ def main() -> None:
     print(row("(a) one engine, direct", direct))
     print(row("(b) HAProxy, one backend", one))
     print(row("(c) HAProxy, two backends", both))
+    failed = [r for r in (direct, one, both) if r.failed]
+    if failed:
+        for r in failed:
+            print(f"FAILED: {r.failed} of {r.sent} requests: {r.errors[:3]}")
+        print("no ratio: a run with failed requests measures nothing")
+        return 1
     print(f"(b)/(a) p50 latency: {one.p50 / direct.p50:.3f}  (target < 1.05)")
     print(f"(c)/(b) throughput:  {both.throughput / one.throughput:.3f}  (target >= 1.8)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -529,3 +529,54 @@ def test_a_models_rollout_is_limited_to_its_instances_and_the_load_balancers(
     assert result.exit_code == 4, result.output  # the preflight refused: nothing ran
     (record,) = [json.loads(p.read_text()) for p in commands(runs_dir)]
     assert record["limit"] == "n2,loadbalancers"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--engine", "gpu"], "--engine gpu: use vllm or sim"),
+    (["--nodes", "6"], "the lab runs 2; for more nodes add --engine sim"),
+    (["--nodes", "65", "--engine", "sim"], "--nodes 65: give 2 to 64"),
+    (["--nodes", "1", "--engine", "sim"], "--nodes 1: give 2 to 64"),
+    (["--models", "2", "--engine", "sim"], "--models 2 puts the second model on a third vLLM node"),
+])
+def test_lab_up_refuses_a_shape_it_cannot_build_before_touching_anything(args, words):
+    result = cli.invoke(app, ["lab", "up", *args])
+    assert result.exit_code == 1 and words in " ".join(result.output.split())
+
+
+def test_a_simulated_lab_inventory_as_ansible_reads_it(tmp_path):
+    """`lab up --nodes 5 --engine sim` lists nodes 1 to 5 and runs the sim runtime on all
+    five, with the lab's other settings, and lifts the key's rate limit on the load
+    balancer; read back by Ansible itself, and by read_nodes."""
+    from inferfleet.lab import fleet
+
+    root = Path(__file__).resolve().parents[2]
+    lab = tmp_path / "lab"
+    for tracked in ("hosts.yml", "group_vars/all/lab.yml"):  # not a running lab's files
+        (lab / tracked).parent.mkdir(parents=True, exist_ok=True)
+        (lab / tracked).write_text((root / "inventories" / "lab" / tracked).read_text())
+    assert fleet.read_nodes(lab) == (2, "vllm")
+    fleet.write_nodes(lab, 5, "sim")
+    assert fleet.read_nodes(lab) == (5, "sim")
+    listed = json.loads(subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(lab), "--list"],
+        capture_output=True, text=True, check=True).stdout)
+    nodes = [f"inferfleet-lab-node{i}" for i in range(1, 6)]
+    assert sorted(listed["inference"]["hosts"]) == nodes
+    for node in nodes:
+        hostvars = listed["_meta"]["hostvars"][node]
+        assert hostvars["inference_engine_runtime"] == "sim"
+        assert hostvars["inference_engine_max_num_seqs"] == 8  # the lab's own
+    lb = listed["_meta"]["hostvars"]["inferfleet-lab-lb"]
+    assert lb["load_balancer_rate_limit_requests"] == 100000
+    assert lb["load_balancer_port"] == 8080  # the lab's own
+    fleet.write_nodes(lab, 2, "vllm")  # the lab's own shape: no file
+    assert not (lab / "nodes.yml").exists() and fleet.read_nodes(lab) == (2, "vllm")
+
+
+def test_lab_hosts_beyond_the_inotify_limit_are_refused_with_the_fix():
+    from inferfleet.lab import fleet
+
+    assert fleet.inotify_shortfall(17, limit=128) == ""
+    said = fleet.inotify_shortfall(33, limit=128)
+    assert said.startswith("33 lab hosts need about 165 inotify instances, and this machine")
+    assert "sysctl -w fs.inotify.max_user_instances=1024" in said

@@ -24,6 +24,8 @@ from inferfleet.runner import run_playbook
 
 app = typer.Typer(help="The local lab: node containers, S3 and a tiny model.", no_args_is_help=True)
 LAB_NAME = "inferfleet-lab"
+# A simulated node holds a systemd container and the simulation (docs/scaling.md).
+MAX_SIM_NODES = 64
 CACHE = Path.home() / ".cache" / "inferfleet" / "lab"
 
 
@@ -82,19 +84,42 @@ def up(
         "--models",
         help="1, or 2: a second tiny model (other weights) on a third node, one endpoint.",
     ),
+    nodes: int = typer.Option(
+        2, "--nodes", help=f"Engine nodes: 2 with vLLM, 2 to {MAX_SIM_NODES} with --engine sim."
+    ),
+    engine: str = typer.Option(
+        "vllm",
+        "--engine",
+        help="vllm (its CPU build, one core each), or sim: a SIMULATED GPU engine per node "
+        "(docs/engine.md), for fleet-scale and routing tests.",
+    ),
 ) -> None:
     """Build the lab and deploy the tiny model on it; print a working endpoint."""
     from inferfleet.lab.wheelhouse import ensure_wheelhouse
 
     if models not in (1, 2):
         fail(f"--models {models}: the lab serves 1 model, or 2 (a second one on a third node)")
+    if engine not in fleet.ENGINES:
+        fail(f"--engine {engine}: use {' or '.join(fleet.ENGINES)}")
+    if engine == "vllm" and nodes != 2:
+        fail(f"--nodes {nodes}: a vLLM CPU engine takes one of this machine's cores, so the lab "
+             "runs 2; for more nodes add --engine sim (a SIMULATED engine per node)")
+    if not 2 <= nodes <= MAX_SIM_NODES:
+        fail(f"--nodes {nodes}: give 2 to {MAX_SIM_NODES}")
+    if models == 2 and (nodes, engine) != (2, "vllm"):
+        fail("--models 2 puts the second model on a third vLLM node: leave out --nodes, --engine")
     require_lab()
-    running = (LAB_INVENTORY / "models.yml").is_file()
-    if running and models == 1 and services.containers(LAB_NAME):
-        fail("the lab serves 2 models: run `inferfleet lab down` first, or `lab up --models 2`")
+    # A running lab may grow (more nodes, a second model), not shrink or change its engine.
+    was_nodes, was_engine = fleet.read_nodes(LAB_INVENTORY)
+    was_models = 2 if (LAB_INVENTORY / "models.yml").is_file() else 1
+    if services.containers(LAB_NAME) and (
+        was_engine != engine or was_nodes > nodes or was_models > models
+    ):
+        was = "--models 2" if was_models == 2 else f"--nodes {was_nodes} --engine {was_engine}"
+        fail(f"the lab runs as `lab up {was}`: run `inferfleet lab down` first, or `lab up {was}`")
     try:
         image = ensure_node_image(log=console.print)
-        wheelhouse = ensure_wheelhouse(log=console.print)
+        wheelhouse = ensure_wheelhouse(log=console.print) if engine == "vllm" else None
     except (BuildError, OSError) as err:  # OSError: a tool that is not there at all
         fail(f"{err}; install it (in a clone, `make setup` does)" if isinstance(err, OSError)
              else str(err))
@@ -110,9 +135,16 @@ def up(
         if services.publish_tiny(lab, bucket, prefix, model, model_version, seed, workdir=CACHE):
             console.print(f"published a tiny model to s3://{bucket}/{prefix}/{model}/{model_version}")
     fleet.write_models(LAB_INVENTORY, models)
+    fleet.write_nodes(LAB_INVENTORY, nodes, engine)
     groups = fleet.inventory_hosts(LAB_INVENTORY)
     hosts = [h for members in groups.values() for h in members]
-    fleet.create(LAB_NAME, lab.network, image, hosts, wheelhouse)
+    shortfall = fleet.inotify_shortfall(len(hosts))
+    if shortfall:
+        fail(shortfall)
+    try:
+        fleet.create(LAB_NAME, lab.network, image, hosts, wheelhouse)
+    except fleet.BootError as err:
+        fail(str(err))
     lb = groups["loadbalancers"][0]
     state = fleet.write_state(
         LAB_INVENTORY,

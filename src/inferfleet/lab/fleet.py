@@ -5,13 +5,15 @@ addresses back, and `write_state` writes the generated parts of the inventory:
 host_vars/ with each host's address, group_vars/all/secrets.yml (mode 0600) with keys
 (and, for `lab up --tls`, the load balancer's certificate), and `ca_file` the lab's CA.
 `write_models` adds the hosts of the lab's second model (`lab up --models 2`) as an
-inventory source of their own, models.yml.
+inventory source of their own, models.yml; `write_nodes` the engine nodes past the first
+two and the engine they run (`lab up --nodes N --engine sim`), nodes.yml.
 """
 
 from __future__ import annotations
 
 import secrets
 import subprocess
+import time
 from pathlib import Path
 
 import yaml
@@ -38,14 +40,29 @@ WHEELHOUSE_MOUNT = "/opt/inferfleet/wheelhouse"
 SECOND_MODEL = {"name": "tiny-coder", "version": "v1", "seed": 11, "host": "inferfleet-lab-node3"}
 
 
+# `lab up --engine sim`: every engine node runs the SIMULATED engine (the inference_engine
+# role's sim runtime, docs/engine.md) instead of vLLM's CPU build. The lab's other settings
+# hold, the limit of 8 running sequences an engine included: each replica's capacity, not
+# this machine's client, bounds what one replica serves (benchmarks/fleet_scale.py).
+SIM_ENGINE_VARS = {"inference_engine_runtime": "sim"}
+# ...and its one API key carries a whole fleet's load (the lab's limit is 600 a minute).
+SIM_BALANCER_VARS = {"load_balancer_rate_limit_requests": 100000}
+ENGINES = ("vllm", "sim")
+NODES_FILE = "nodes.yml"
+
+
+def node_name(index: int) -> str:
+    return f"inferfleet-lab-node{index}"
+
+
 def inventory_hosts(inventory: Path) -> dict[str, list[str]]:
     groups: dict[str, list[str]] = {}
-    for source in ("hosts.yml", "models.yml"):
+    for source in ("hosts.yml", "models.yml", NODES_FILE):
         if (inventory / source).is_file():
             children = yaml.safe_load((inventory / source).read_text())["all"]["children"]
             for group, spec in children.items():
                 groups.setdefault(group, []).extend((spec or {}).get("hosts") or {})
-    return groups
+    return {group: list(dict.fromkeys(hosts)) for group, hosts in groups.items()}
 
 
 def write_models(inventory: Path, models: int) -> None:
@@ -67,7 +84,76 @@ def write_models(inventory: Path, models: int) -> None:
     )
 
 
-def create(lab: str, network: str, image: str, hosts: list[str], wheelhouse: Path) -> None:
+def write_nodes(inventory: Path, nodes: int, engine: str) -> None:
+    """nodes.yml: engine nodes 1 to `nodes` in `inference` and, under `sim`, the engine
+    settings as host variables (an inventory source's group variables rank below the lab's
+    group_vars/all); with 2 vLLM nodes (the lab's own), no such file."""
+    path = inventory / NODES_FILE
+    if engine == "vllm" and nodes == 2:
+        path.unlink(missing_ok=True)
+        return
+    sim = engine == "sim"
+    own = yaml.safe_load((inventory / "hosts.yml").read_text())["all"]["children"]
+    children = {  # a dict per host: no YAML aliases in the file
+        "inference": {
+            "hosts": {node_name(i): dict(SIM_ENGINE_VARS) if sim else None
+                      for i in range(1, nodes + 1)}
+        },
+        "loadbalancers": {
+            "hosts": {lb: dict(SIM_BALANCER_VARS) if sim else None
+                      for lb in own["loadbalancers"]["hosts"]}
+        },
+    }
+    path.write_text(
+        f"---\n# written by `inferfleet lab up --nodes {nodes} --engine {engine}`\n"
+        + yaml.safe_dump({"all": {"children": children}})
+    )
+
+
+def read_nodes(inventory: Path) -> tuple[int, str]:
+    """The lab's shape as `write_nodes` left it: (engine nodes, engine)."""
+    path = inventory / NODES_FILE
+    if not path.is_file():
+        return 2, "vllm"
+    hosts = yaml.safe_load(path.read_text())["all"]["children"]["inference"]["hosts"]
+    runtimes = {(spec or {}).get("inference_engine_runtime") for spec in hosts.values()}
+    return len(hosts), "sim" if runtimes == {"sim"} else "vllm"
+
+
+# A lab host's systemd holds about 5 inotify instances: on a machine allowing 128 (the
+# default), the 26th container's systemd exited at boot (status 255, nothing logged).
+INOTIFY_PER_HOST = 5
+INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+def inotify_fix(need: int) -> str:
+    limit = INOTIFY_LIMIT.read_text().strip() if INOTIFY_LIMIT.exists() else "?"
+    return (
+        f"this machine allows {limit} inotify instances per user "
+        f"(fs.inotify.max_user_instances): raise it, as root: sysctl -w "
+        f"fs.inotify.max_user_instances={max(1024, 2 * need)}; or ask for fewer --nodes"
+    )
+
+
+def inotify_shortfall(hosts: int, limit: int | None = None) -> str:
+    """Why `hosts` systemd containers cannot all boot on this machine, or ""."""
+    if limit is None:
+        try:
+            limit = int(INOTIFY_LIMIT.read_text())
+        except (OSError, ValueError):
+            return ""
+    need = INOTIFY_PER_HOST * hosts
+    if need <= limit:
+        return ""
+    return f"{hosts} lab hosts need about {need} inotify instances, and " + inotify_fix(need)
+
+
+def create(
+    lab: str, network: str, image: str, hosts: list[str], wheelhouse: Path | None
+) -> None:
+    """Start each host's container (the wheelhouse mounted, for vLLM's install), and
+    raise BootError naming those whose systemd did not stay up."""
+    mount = ["-v", f"{wheelhouse}:{WHEELHOUSE_MOUNT}:ro"] if wheelhouse else []
     for host in hosts:
         if (
             subprocess.run(["docker", "container", "inspect", host], capture_output=True).returncode
@@ -91,8 +177,7 @@ def create(lab: str, network: str, image: str, hosts: list[str], wheelhouse: Pat
                 *SYSTEMD_FLAGS,
                 "--shm-size",
                 "1g",
-                "-v",
-                f"{wheelhouse}:{WHEELHOUSE_MOUNT}:ro",
+                *mount,
                 image,
                 "/sbin/init",
             ],
@@ -100,6 +185,27 @@ def create(lab: str, network: str, image: str, hosts: list[str], wheelhouse: Pat
             capture_output=True,
             text=True,
         )
+    time.sleep(2)  # a systemd that cannot start exits within a second
+    down = [
+        host
+        for host in hosts
+        if subprocess.run(
+            ["docker", "inspect", "-f", "{{.State.Running}}", host],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        != "true"
+    ]
+    if down:
+        raise BootError(
+            f"{', '.join(down)} stopped at boot (a container's systemd exits when the user "
+            f"has no inotify instance left); {inotify_fix(INOTIFY_PER_HOST * len(hosts))}; "
+            "then run `inferfleet lab up` again"
+        )
+
+
+class BootError(Exception):
+    """A lab host's container did not stay up."""
 
 
 def address(host: str, network: str) -> str:
@@ -148,6 +254,7 @@ def remove_state(inventory: Path) -> None:
     for path in (inventory / "host_vars").glob("*.yml"):
         path.unlink()
     (inventory / "models.yml").unlink(missing_ok=True)
+    (inventory / NODES_FILE).unlink(missing_ok=True)
     (inventory / "group_vars" / "all" / "secrets.yml").unlink(missing_ok=True)
     ca_file(inventory).unlink(missing_ok=True)
 

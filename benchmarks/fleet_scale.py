@@ -1,0 +1,104 @@
+"""How throughput through the load balancer grows with the replicas, on a simulated fleet.
+
+Needs `inferfleet lab up --nodes N --engine sim`: every engine is the SIMULATED engine
+(docs/engine.md), which admits the lab's 8 sequences at a time, so one replica's capacity
+is a bound this machine's client can reach (two vLLM CPU engines cannot show it: they
+share two cores). For k = N, N/2, ... 1 replicas in service (the others set to
+maintenance through HAProxy's runtime API, none brought back in between, so no slow start
+is measured), the same load per replica (--per-replica requests at once, --requests-per-
+replica in all, each --max-tokens long) goes through HAProxy. Prints req/s, p50 and p99
+per k and the ratio of each throughput to k = 1's, measured in the same run (ideal: k).
+A run in which any request failed says so and exits 1 without ratios.
+
+    .venv/bin/python benchmarks/fleet_scale.py [--per-replica 8] [--max-tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.request
+
+from lb_overhead import set_state
+
+from inferfleet.commands.common import LAB_INVENTORY
+from inferfleet.fleet import load
+from inferfleet.verify import LoadReport, run_load
+
+LB_CONTAINER = "inferfleet-lab-lb"
+
+
+def version(base: str, key: str) -> str:
+    request = urllib.request.Request(f"{base}/version", headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.load(answer)["version"]
+
+
+def steps(n: int) -> list[int]:
+    """n, n/2, n/4, ... 1 (n first: replicas only leave, none returns)."""
+    out = [n]
+    while out[-1] > 1:
+        out.append(out[-1] // 2)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--per-replica", type=int, default=8, help="requests at once per replica")
+    p.add_argument("--requests-per-replica", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=128)
+    args = p.parse_args()
+    fleet = load(LAB_INVENTORY)
+    nodes = fleet.serving
+    if not nodes:
+        sys.exit("no lab: run `inferfleet lab up --nodes 16 --engine sim` first")
+    engine = version(nodes[0].base, fleet.engine_key)
+    if not engine.endswith("+sim"):
+        sys.exit(f"the lab's engines are vLLM {engine}, not simulated: this benchmark needs "
+                 "`inferfleet lab down && inferfleet lab up --nodes 16 --engine sim`")
+    results: list[tuple[int, LoadReport]] = []
+    try:
+        in_service = len(nodes)
+        for k in steps(len(nodes)):
+            for node in nodes[k:in_service]:
+                set_state(LB_CONTAINER, node.host, "maint")
+            in_service = k
+            report = run_load(
+                fleet.balancers[0],
+                fleet.model,
+                fleet.api_key,
+                args.per_replica * k,
+                args.requests_per_replica * k,
+                max_tokens=args.max_tokens,
+            )
+            results.append((k, report))
+            print(f"k={k}: {report.sent} sent, {report.failed} failed, "
+                  f"{report.throughput:.1f} req/s", flush=True)
+    finally:
+        for node in nodes:
+            set_state(LB_CONTAINER, node.host, "ready")
+
+    print(f"\ncores on this machine: {os.cpu_count()}; {len(nodes)} simulated engines, HAProxy"
+          " and this client share them")
+    print(f"{'replicas':>8} {'sent':>6} {'failed':>6} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
+    for k, r in results:
+        print(f"{k:8d} {r.sent:6d} {r.failed:6d} {r.p50 * 1000:8.1f} {r.p99 * 1000:8.1f}"
+              f" {r.throughput:8.1f}")
+    failed = [(k, r) for k, r in results if r.failed]
+    if failed:
+        for k, r in failed:
+            print(f"FAILED with {k} replicas: {r.failed} of {r.sent} requests: {r.errors[:3]}")
+        print("no ratio: a run with failed requests measures nothing")
+        return 1
+    base = dict(results)[1].throughput
+    print("throughput against 1 replica (same run):")
+    for k, r in sorted(results):
+        print(f"  {k:3d} replicas: {r.throughput / base:6.2f} x  (ideal {k}, efficiency "
+              f"{r.throughput / base / k:.0%})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
