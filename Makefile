@@ -1,5 +1,5 @@
 # inferfleet: the README's two commands are `make demo` and `make test`.
-.PHONY: setup demo test test-fresh lint bench bench-lb clean
+.PHONY: setup demo test test-fresh lint bench bench-lb gpu-bundle clean
 
 setup:
 	scripts/setup.sh
@@ -25,6 +25,10 @@ bench: setup
 bench-lb: setup
 	.venv/bin/inferfleet lab up
 	.venv/bin/python benchmarks/lb_overhead.py
+
+# The GPU check bundle for a GPU machine without network (docs/gpu-validation.md).
+gpu-bundle: setup
+	scripts/gpu-check/bundle.sh
 
 clean:
 	-.venv/bin/inferfleet lab down

@@ -12,8 +12,8 @@
 #            loaded driver (keep it: no package, no module load, no reboot);
 #   memory   measure.py memory: the planner's weight and KV-cache bytes against what
 #            PyTorch allocates for the same shapes;
-#   profile  measure.py profile: decode and prefill times, fitted into a profile the
-#            simulated engine loads.
+#   profile  measure.py profile, for both shapes: decode and prefill times, fitted into
+#            profiles the simulated engine loads, beside the simulator's default.
 # OUT gets summary.txt (a line per step), each step's log, gpu_facts.json,
 # gpu_driver_plan.json, planned-changes.txt (the role's tasks that would change something
 # in check mode), memory.json, profile-*.json. Exit status 0 only when every step
@@ -117,7 +117,16 @@ else
   COLLECTIONS=$WORK/collections
 fi
 step memory 150 "$PY" "$HERE/measure.py" memory --collections "$COLLECTIONS" --out "$OUT" --device "$DEVICE"
-step profile 120 "$PY" "$HERE/measure.py" profile --collections "$COLLECTIONS" --out "$OUT" --device "$DEVICE"
+profiles() {
+  local shape
+  for shape in llama-3.1-8b qwen2.5-72b; do
+    "$PY" "$HERE/measure.py" profile --shape "$shape" --collections "$COLLECTIONS" \
+      --out "$OUT" --device "$DEVICE" || return 1
+  done
+}
+export -f profiles
+export COLLECTIONS DEVICE
+step profile 120 profiles
 
 echo "summary: $SUMMARY"
 exit "$failed"

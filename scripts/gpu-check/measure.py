@@ -393,7 +393,9 @@ def profile(args) -> int:
         device=known, hbm_bytes_per_s=peak[0], dense_bf16_flops=peak[1],
         decode_floor_ms=step_bytes / peak[0] * 1e3,
         prefill_floor_per_token_ms=2 * layer_params * n_layers / peak[1] * 1e3)
+    default = simulator_default(args.collections)
     points_out = dict(device=name, torch=torch.__version__, dtype="bfloat16", config=cfg,
+                      simulator_default=default,
                       timed_layers=timed, decode_cuda_graphs=graphed, points=points,
                       ceilings=ceilings, bytes_read_per_decode_step=step_bytes, fit=fitted,
                       clamped=clamped, kv_blocks=blocks, kv_blocks_note=blocks_note)
@@ -403,7 +405,22 @@ def profile(args) -> int:
         floor = "unknown" if not peak else f"{p['floor_ms']:.3f} ms"
         print(f"{p['kind']:8} {what:13} {p['ms']:9.3f} ms  floor {floor}")
     print(f"{prof['name']}: {json.dumps(fitted)}, kv_blocks {blocks}")
+    if default:
+        print(f"{default['name']} (the simulator's default): "
+              + json.dumps({k: default[k] for k in fitted}) + f", kv_blocks {default['kv_blocks']}")
     return 0
+
+
+def simulator_default(collections) -> dict | None:
+    """The simulator's shipped default profile (from the collection), to set beside the
+    measured one; None without --collections."""
+    if not collections:
+        return None
+    role = Path(collections) / "ansible_collections/inferfleet/fleet/roles/inference_engine"
+    named = re.search(r"^inference_engine_sim_profile: *(\S+)",
+                      (role / "defaults/main.yml").read_text(), re.M)
+    path = role / "files/sim_profiles" / f"{named.group(1)}.json" if named else None
+    return json.loads(path.read_text()) if path and path.is_file() else None
 
 
 def main(argv=None) -> int:

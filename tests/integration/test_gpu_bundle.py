@@ -110,10 +110,12 @@ def test_the_bundle_runs_the_shipped_code_on_stand_ins(torch_python, tmp_path):
     assert all(r["within_1pct"] for r in rows), rows
 
     # The fitted profile, loaded and served by the simulated engine.
-    profiles = [p for p in out.glob("profile-*.json") if not p.name.endswith(".points.json")]
-    assert len(profiles) == 1, sorted(p.name for p in out.iterdir())
+    profiles = sorted(p for p in out.glob("profile-*.json") if not p.name.endswith(".points.json"))
+    assert [p.name for p in profiles] == ["profile-llama-3.1-8b.json", "profile-qwen2.5-72b.json"]
     fitted = json.loads(profiles[0].read_text())
     assert fitted["decode_base_ms"] > 0 and fitted["prefill_per_token_ms"] > 0, fitted
+    points = json.loads((out / "profile-llama-3.1-8b.points.json").read_text())
+    assert points["simulator_default"]["name"] == "l4-qwen2.5-0.5b"
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
