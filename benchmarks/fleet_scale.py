@@ -8,7 +8,11 @@ maintenance through HAProxy's runtime API, none brought back in between, so no s
 is measured), the same load per replica (--per-replica requests at once, --requests-per-
 replica in all, each --max-tokens long) goes through HAProxy. Prints req/s, p50 and p99
 per k and the ratio of each throughput to k = 1's, measured in the same run (ideal: k).
-A run in which any request failed says so and exits 1 without ratios.
+Beside each k, the CPU each part used during it: this client (its threads), the load
+balancer's container, the engines' containers (their cgroups' counters), and how busy the
+machine's cores were: a phase whose client, HAProxy or machine was near its limit measures
+the CPU, not the fleet. A run in which any request failed says so and exits 1 without
+ratios.
 
     .venv/bin/python benchmarks/fleet_scale.py [--per-replica 8] [--max-tokens 128]
 """
@@ -18,8 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import time
 import urllib.request
+from pathlib import Path
 
 from lb_overhead import set_state
 
@@ -34,6 +41,59 @@ def version(base: str, key: str) -> str:
     request = urllib.request.Request(f"{base}/version", headers={"Authorization": f"Bearer {key}"})
     with urllib.request.urlopen(request, timeout=10) as answer:
         return json.load(answer)["version"]
+
+
+def container_cpu_file(name: str) -> Path:
+    """The file that counts a container's CPU time: cgroup v2's cpu.stat, or v1's
+    cpuacct.usage (systemd's or cgroupfs' layout)."""
+    full = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", name], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    root = Path("/sys/fs/cgroup")
+    for candidate in (root / "system.slice" / f"docker-{full}.scope" / "cpu.stat",
+                      root / "docker" / full / "cpu.stat",
+                      root / "cpuacct" / "system.slice" / f"docker-{full}.scope" / "cpuacct.usage",
+                      root / "cpuacct" / "docker" / full / "cpuacct.usage"):
+        if candidate.is_file():
+            return candidate
+    raise SystemExit(f"cannot read the CPU time of container {name}: no cgroup counter under "
+                     f"{root} for {full[:12]}")
+
+
+def cpu_seconds(counter: Path) -> float:
+    text = counter.read_text()
+    if counter.name == "cpu.stat":
+        return int(text.split("usage_usec", 1)[1].split()[0]) / 1e6
+    return int(text) / 1e9
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all cores since boot (/proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    return sum(fields) - idle, sum(fields)
+
+
+class CpuMeter:
+    """CPU used while the `with` block runs: this process, each group of containers (CPU
+    seconds per second of wall time, 1.0 = one core), and the machine's cores (busy share)."""
+
+    def __init__(self, groups: dict[str, list[str]]):
+        self.counters = {g: [container_cpu_file(c) for c in names] for g, names in groups.items()}
+
+    def _read(self):
+        return (time.monotonic(), time.process_time(), machine_busy(),
+                {g: sum(cpu_seconds(c) for c in cs) for g, cs in self.counters.items()})
+
+    def __enter__(self):
+        self.start = self._read()
+        return self
+
+    def __exit__(self, *exc):
+        (w0, p0, (b0, t0), g0), (w1, p1, (b1, t1), g1) = self.start, self._read()
+        wall = w1 - w0
+        self.cores = {"client": (p1 - p0) / wall,
+                      **{g: (g1[g] - g0[g]) / wall for g in g0}}
+        self.machine = (b1 - b0) / max(1, t1 - t0)
 
 
 def steps(n: int) -> list[int]:
@@ -59,20 +119,23 @@ def main() -> int:
         sys.exit(f"the lab's engines are vLLM {engine}, not simulated: this benchmark needs "
                  "`inferfleet lab down && inferfleet lab up --nodes 16 --engine sim`")
     results: list[tuple[int, LoadReport]] = []
+    cpu: dict[int, CpuMeter] = {}
+    groups = {"haproxy": [LB_CONTAINER], "engines": [n.host for n in nodes]}
     try:
         in_service = len(nodes)
         for k in steps(len(nodes)):
             for node in nodes[k:in_service]:
                 set_state(LB_CONTAINER, node.host, "maint")
             in_service = k
-            report = run_load(
-                fleet.balancers[0],
-                fleet.model,
-                fleet.api_key,
-                args.per_replica * k,
-                args.requests_per_replica * k,
-                max_tokens=args.max_tokens,
-            )
+            with CpuMeter(groups) as cpu[k]:
+                report = run_load(
+                    fleet.balancers[0],
+                    fleet.model,
+                    fleet.api_key,
+                    args.per_replica * k,
+                    args.requests_per_replica * k,
+                    max_tokens=args.max_tokens,
+                )
             results.append((k, report))
             print(f"k={k}: {report.sent} sent, {report.failed} failed, "
                   f"{report.throughput:.1f} req/s", flush=True)
@@ -82,10 +145,19 @@ def main() -> int:
 
     print(f"\ncores on this machine: {os.cpu_count()}; {len(nodes)} simulated engines, HAProxy"
           " and this client share them")
-    print(f"{'replicas':>8} {'sent':>6} {'failed':>6} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
+    print("CPU in cores (1.0 = one core busy) while each k ran, and the machine's busy share")
+    print(f"{'replicas':>8} {'sent':>6} {'failed':>6} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}"
+          f" {'client':>7} {'haproxy':>7} {'engines':>7} {'machine':>7}")
     for k, r in results:
+        c = cpu[k].cores
         print(f"{k:8d} {r.sent:6d} {r.failed:6d} {r.p50 * 1000:8.1f} {r.p99 * 1000:8.1f}"
-              f" {r.throughput:8.1f}")
+              f" {r.throughput:8.1f} {c['client']:7.2f} {c['haproxy']:7.2f} {c['engines']:7.2f}"
+              f" {cpu[k].machine:7.0%}")
+    busy = [k for k, _ in results if cpu[k].machine >= 0.9 or cpu[k].cores["client"] >= 0.9]
+    if busy:
+        print(f"CPU-bound at k = {', '.join(map(str, busy))}: the machine's cores (or this "
+              "client's one interpreter) were near their limit, so those throughputs measure "
+              "the CPU, not the fleet; lower --per-replica or raise --max-tokens")
     failed = [(k, r) for k, r in results if r.failed]
     if failed:
         for k, r in failed:
