@@ -107,15 +107,11 @@ if step setup 90 setup; then
 else
   echo "ansible: not run (setup failed)" | tee -a "$SUMMARY"
 fi
-# The planner's code comes from the installed collection when setup passed, else from
-# the tarball itself.
-if [ ! -d "$WORK/collections/ansible_collections/inferfleet/fleet" ]; then
-  mkdir -p "$WORK/tarball/ansible_collections/inferfleet/fleet"
-  tar -xzf "$HERE"/collections/inferfleet-fleet-*.tar.gz -C "$WORK/tarball/ansible_collections/inferfleet/fleet"
-  COLLECTIONS=$WORK/tarball
-else
-  COLLECTIONS=$WORK/collections
-fi
+# measure.py reads the planner from the collection's tarball itself, so it runs whether
+# setup passed or not.
+COLLECTIONS=$WORK/tarball
+mkdir -p "$COLLECTIONS/ansible_collections/inferfleet/fleet"
+tar -xzf "$HERE"/collections/inferfleet-fleet-*.tar.gz -C "$COLLECTIONS/ansible_collections/inferfleet/fleet"
 step memory 150 "$PY" "$HERE/measure.py" memory --collections "$COLLECTIONS" --out "$OUT" --device "$DEVICE"
 profiles() {
   local shape

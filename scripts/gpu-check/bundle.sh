@@ -20,8 +20,7 @@ VENV=.venv
 [ -x "$VENV/bin/ansible-galaxy" ] || { echo "bundle.sh: $VENV is missing: run scripts/setup.sh first" >&2; exit 2; }
 
 core=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("ansible-core"))')
-general=$("$VENV/bin/python" -c 'import ansible_collections.community.general as g, os; print(os.path.dirname(g.__file__))' 2>/dev/null) \
-  || general=$("$VENV/bin/python" -c 'import ansible_collections, os; print(os.path.join(ansible_collections.__path__[0], "community", "general"))')
+general=$("$VENV/bin/python" -c 'import ansible_collections.community.general as g; print(g.__path__[0])')
 [ -f "$general/MANIFEST.json" ] || { echo "bundle.sh: community.general not found in $VENV ($general)" >&2; exit 2; }
 
 rm -rf "$DEST"

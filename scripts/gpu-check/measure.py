@@ -15,7 +15,7 @@ profile  measures the figures of the simulated engine's Profile
 
     python3 measure.py memory --collections DIR --out OUTDIR [--device auto|cuda|cpu]
     python3 measure.py profile --out OUTDIR [--device auto|cuda|cpu]
-                               [--shape llama-3.1-8b|qwen2.5-72b] [--collections DIR]
+                               [--shape llama-3.1-8b|qwen2.5-72b] --collections DIR
 
 DIR holds ansible_collections/inferfleet/fleet (the collection). --device cpu, or no
 CUDA, uses scaled-down shapes of the same structure, so a run takes seconds (the unit
@@ -254,19 +254,9 @@ def clock(fn, cuda: bool, graph: bool) -> tuple[float, bool]:
     return statistics.median(times), graph
 
 
-def kv_blocks(cfg, total: int, weight_bytes: int, collections) -> tuple[int, str]:
-    """The profile's KV cache on this GPU: the planner's when --collections is given."""
+def kv_blocks(cfg, total: int, pl) -> tuple[int, str]:
+    """The profile's KV cache on this GPU: the planner's figure."""
     gib = f"0.9 x {total / GiB:.1f} GiB"
-    if not collections:
-        per_token = 2 * cfg["num_key_value_heads"] * cfg["hidden_size"] // cfg[
-            "num_attention_heads"] * 2 * cfg["num_hidden_layers"]
-        blocks = int(max(0, 0.9 * total - weight_bytes) // (16 * per_token))
-        if blocks < 1:
-            raise Fail("the weights leave no KV cache on one GPU; give --collections for the "
-                       "planner's multi-GPU figure")
-        return blocks, (f"kv_blocks: {gib} less the weights, at {per_token} bytes per token "
-                        "(no --collections, so not the planner's figure)")
-    pl = load_planner(collections)
     for tp in (1, 2, 4, 8):
         layout = pl.plan_config(cfg, pl.Hardware(tp, total / GiB),
                                 pl.Targets(gpu_memory_utilization=0.9)).evaluated[0]
@@ -279,8 +269,7 @@ def kv_blocks(cfg, total: int, weight_bytes: int, collections) -> tuple[int, str
 
 
 def profile(args) -> int:
-    if args.collections:
-        load_planner(args.collections)  # a wrong folder fails at once, on CPU too
+    pl = load_planner(args.collections)  # a wrong folder fails at once, on CPU too
     dev = pick_device(args.device)
     cuda = dev == "cuda"
     cfg = shape_config(args.shape, small=not cuda)
@@ -334,8 +323,7 @@ def profile(args) -> int:
     peak = PEAKS.get(known)
     if cuda:  # before the timings: a failure here should not waste them
         total = torch.cuda.get_device_properties(0).total_memory
-        weight_bytes = step_bytes + 2 * lm_head.numel()  # plus the embedding
-        blocks, blocks_note = kv_blocks(cfg, total, weight_bytes, args.collections)
+        blocks, blocks_note = kv_blocks(cfg, total, pl)
     else:
         blocks, blocks_note = 4096, "kv_blocks: a fixed 4096 (a CPU run has no GPU memory)"
     batches, contexts = ((1, 8, 32, 128), (512, 2048)) if cuda else ((1, 4, 16), (128, 512))
@@ -413,9 +401,7 @@ def profile(args) -> int:
 
 def simulator_default(collections) -> dict | None:
     """The simulator's shipped default profile (from the collection), to set beside the
-    measured one; None without --collections."""
-    if not collections:
-        return None
+    measured one."""
     role = Path(collections) / "ansible_collections/inferfleet/fleet/roles/inference_engine"
     named = re.search(r"^inference_engine_sim_profile: *(\S+)",
                       (role / "defaults/main.yml").read_text(), re.M)
@@ -432,7 +418,8 @@ def main(argv=None) -> int:
                      help="folder holding ansible_collections/inferfleet/fleet")
     prof = sub.add_parser("profile", help="measure the simulated engine's Profile figures")
     prof.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b")
-    prof.add_argument("--collections", help="as for memory: kv_blocks from the planner (CUDA)")
+    prof.add_argument("--collections", required=True,
+                      help="as for memory: kv_blocks from the planner (CUDA), the default profile")
     for p in (mem, prof):
         p.add_argument("--out", required=True, help="folder for the JSON results")
         p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")

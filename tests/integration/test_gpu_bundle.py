@@ -5,10 +5,12 @@ samples of tests/fixtures/nvidia-smi with a fake sys/ + proc/ tree (the loaded d
 safetensors, no Ansible), here the CPU build from the lab's wheelhouse. The bundle installs
 ansible-core and the collections from what it carries, offline; the check playbook reads
 the fake GPUs and plans gpu_driver in check mode; measure.py compares the planner with
-what PyTorch allocates and fits a profile that the simulated engine loads."""
+what PyTorch allocates (small shapes of the same structure on the CPU) and fits profiles
+that the simulated engine loads."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -25,34 +27,40 @@ pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "nvidia-smi"
-FAKE_SMI = REPO / "molecule" / "gpu_host" / "files" / "fake-nvidia-smi"
+FAKE_FILES = REPO / "molecule" / "gpu_host" / "files"
 L40S_BUS = ["0000:41:00.0", "0000:c1:00.0"]
 
 
 def fake_l40s(base: Path) -> tuple[Path, Path]:
     """Two FAKE L40S GPUs with driver 550.144.03 loaded: (fake nvidia-smi, host root)."""
-    (base / "bin").mkdir(parents=True)
-    samples = base / "nvidia-smi"
-    samples.mkdir()
+    spec = importlib.util.spec_from_file_location("fake_gpu_tree", FAKE_FILES / "fake_gpu_tree.py")
+    tree = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tree)
+    root = Path(tree.build(str(base), [[a, "0x26b9"] for a in L40S_BUS], [],
+                          ["nvidia", "nvidia_uvm"]))
     for kind in ("query.csv", "health.csv", "q-compute.txt", "topo.txt"):
-        shutil.copy(FIXTURES / f"l40sx2.{kind}", samples / kind)
+        shutil.copy(FIXTURES / f"l40sx2.{kind}", base / "nvidia-smi" / kind)
     smi = base / "bin" / "fake-nvidia-smi"
-    shutil.copy(FAKE_SMI, smi)
+    shutil.copy(FAKE_FILES / "fake-nvidia-smi", smi)
     smi.chmod(0o755)
-    root = base / "root"
-    devices = [(a, "0x10de", "0x26b9", "0x030200") for a in L40S_BUS]
-    devices.append(("0000:00:00.0", "0x8086", "0x09a2", "0x060000"))
-    for address, vendor, device, klass in devices:
-        folder = root / "sys" / "bus" / "pci" / "devices" / address
-        folder.mkdir(parents=True)
-        for name, value in (("vendor", vendor), ("device", device), ("class", klass)):
-            (folder / name).write_text(value + "\n")
-    (root / "proc" / "driver" / "nvidia").mkdir(parents=True)
     shutil.copy(FIXTURES / "proc-driver-version-proprietary.txt",
                 root / "proc" / "driver" / "nvidia" / "version")
-    (root / "proc" / "modules").write_text(
-        "".join(f"{m} 16384 0 - Live 0x0000000000000000\n" for m in ("nvidia", "nvidia_uvm")))
     return smi, root
+
+
+@pytest.fixture(scope="module")
+def torch_python(request, tmp_path_factory) -> Path:
+    """A Python like the GPU validation machine's: PyTorch (here the CPU build from the
+    lab's wheelhouse), transformers and safetensors, no Ansible. INFERFLEET_TORCH_PYTHON
+    names one to use instead."""
+    if os.environ.get("INFERFLEET_TORCH_PYTHON"):
+        return Path(os.environ["INFERFLEET_TORCH_PYTHON"])
+    wheelhouse = request.getfixturevalue("wheelhouse")
+    venv = tmp_path_factory.mktemp("torch") / "python"
+    subprocess.run(["python3", "-m", "venv", venv], check=True)
+    subprocess.run([venv / "bin" / "pip", "install", "--quiet", "--no-index", "--find-links",
+                    wheelhouse, "torch", "transformers", "safetensors"], check=True)
+    return venv / "bin" / "python"
 
 
 def test_the_bundle_runs_the_shipped_code_on_stand_ins(torch_python, tmp_path):
@@ -104,17 +112,25 @@ def test_the_bundle_runs_the_shipped_code_on_stand_ins(torch_python, tmp_path):
     assert "Blacklist nouveau" in planned[1]
 
     memory = json.loads((out / "memory.json").read_text())
-    rows = memory["rows"]
-    assert {r["what"] for r in rows} >= {"weights_bf16", "kv_per_token"}
-    assert {r["shape"] for r in rows} == {"llama-3.1-8b", "qwen2.5-72b"}
-    assert all(r["within_1pct"] for r in rows), rows
+    kinds = ["weights_bf16", "weights_fp8", "kv_per_token"]  # this torch has float8
+    assert sorted((r["shape"], r["what"]) for r in memory["rows"]) == sorted(
+        (shape, kind) for shape in ("llama-3.1-8b", "qwen2.5-72b") for kind in kinds)
+    for row in memory["rows"]:
+        assert row["within_1pct"] and abs(row["ratio"] - 1) <= 0.01, row
+        assert row["measured_bytes"] > 0 and row["planner_bytes"] > 0, row
 
     # The fitted profile, loaded and served by the simulated engine.
     profiles = sorted(p for p in out.glob("profile-*.json") if not p.name.endswith(".points.json"))
     assert [p.name for p in profiles] == ["profile-llama-3.1-8b.json", "profile-qwen2.5-72b.json"]
-    fitted = json.loads(profiles[0].read_text())
+    fitted, other = (json.loads(p.read_text()) for p in profiles)
+    assert sorted(other) == sorted(fitted)
+    assert (fitted["name"], other["name"]) == ("cpu-small-llama", "cpu-small-qwen")
+    assert (fitted["block_size"], fitted["max_num_seqs"]) == (16, 256) and fitted["kv_blocks"] > 0
+    assert all(v >= 0 for k, v in fitted.items() if k.endswith("_ms")), fitted
     assert fitted["decode_base_ms"] > 0 and fitted["prefill_per_token_ms"] > 0, fitted
     points = json.loads((out / "profile-llama-3.1-8b.points.json").read_text())
+    assert {p["kind"] for p in points["points"]} == {"decode", "prefill"}
+    assert points["ceilings"] == "unknown"  # a CPU has no known peak
     assert points["simulator_default"]["name"] == "l4-qwen2.5-0.5b"
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -142,3 +158,12 @@ def test_the_bundle_runs_the_shipped_code_on_stand_ins(torch_python, tmp_path):
         engine.terminate()
         log = engine.communicate(timeout=30)[1]
     assert f"profile {fitted['name']}" in log, log
+
+
+def test_measure_names_a_folder_without_the_planner(torch_python, tmp_path):
+    missing = tmp_path / "no-such-collections"
+    done = subprocess.run([torch_python, REPO / "scripts" / "gpu-check" / "measure.py", "memory",
+                           "--collections", missing, "--out", tmp_path / "out", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert str(missing) in done.stderr
