@@ -108,6 +108,17 @@ def test_too_little_traffic_or_no_old_figures_is_no_pass():
     assert failed(rows) == ["requests served", "latency p50", "latency p95"]
 
 
+def test_too_little_traffic_says_what_to_change():
+    from inferfleet.commands.rollout import _too_few
+
+    rows = c.judge(c.Side(0, 0, math.nan, math.nan), c.Side(0, 0, math.nan, math.nan), [], LIMITS)
+    said = _too_few(rows, LIMITS, 60, load=0)
+    assert "served 0 requests in 60 s" in said and "--canary-load N" in said
+    assert "--canary-share" in _too_few(rows, LIMITS, 60, load=2)
+    # enough requests: a regression is a regression, no advice about traffic
+    assert _too_few(c.judge(c.Side(20, 0, 9.0, 9.0), SAME, [], LIMITS), LIMITS, 60, 0) == ""
+
+
 def test_golden_answers_may_change_for_a_new_model_but_not_against_an_expectation():
     limits = c.Thresholds(golden_may_change=True)
     golden = [(c.Golden("p"), "new", "old"), (c.Golden("q", expect="want"), "got", "old")]

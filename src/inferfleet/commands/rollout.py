@@ -121,6 +121,23 @@ def _canary_window(
     return delta[node.host].side(), total.side()
 
 
+def _too_few(rows: list[c.Row], limits: c.Thresholds, seconds: float, load: int) -> str:
+    """What to change when the canary had too little traffic for a verdict."""
+    served = next((r for r in rows if r.check == "requests served"), None)
+    if served is None or served.passed:
+        return ""
+    more = (
+        "there was too little live traffic: give --canary-load N (requests the CLI keeps in "
+        "flight through the load balancer while it watches) or a longer --canary-seconds"
+        if load == 0
+        else "give a longer --canary-seconds, a larger --canary-share or --canary-load"
+    )
+    return (
+        f". The canary served {served.canary} requests in {seconds:g} s, fewer than the "
+        f"{limits.min_requests} a verdict needs: {more}"
+    )
+
+
 def _canary(
     inventory: Path,
     model: str,
@@ -231,7 +248,7 @@ def _canary(
         fail(
             f"the canary regressed ({', '.join(r.check for r in rows if not r.passed)}): "
             f"instance {node.instance} was rolled back, no other instance was touched; "
-            f"the comparison is in {first.record}",
+            f"the comparison is in {first.record}" + _too_few(rows, limits, seconds, load),
             CANARY_REGRESSED,
         )
     console.print("[green]the canary passed: rolling the other instances[/]")
