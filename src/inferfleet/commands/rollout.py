@@ -122,13 +122,14 @@ def _canary_window(
 
 
 def _too_few(rows: list[c.Row], limits: c.Thresholds, seconds: float, load: int) -> str:
-    """What to change when the canary had too little traffic for a verdict."""
+    """What to change when the canary had too little traffic for a verdict (put before the
+    record's path, which ends the message: scripts read the path up to the next space)."""
     served = next((r for r in rows if r.check == "requests served"), None)
     if served is None or served.passed:
         return ""
     more = (
-        "there was too little live traffic: give --canary-load N (requests the CLI keeps in "
-        "flight through the load balancer while it watches) or a longer --canary-seconds"
+        "too little live traffic; give --canary-load N (requests the CLI keeps in flight "
+        "through the load balancer while it watches) or a longer --canary-seconds"
         if load == 0
         else "give a longer --canary-seconds, a larger --canary-share or --canary-load"
     )
@@ -247,8 +248,8 @@ def _canary(
             fail(f"the canary regressed and rolling it back failed: see {back.record}", back.rc)
         fail(
             f"the canary regressed ({', '.join(r.check for r in rows if not r.passed)}): "
-            f"instance {node.instance} was rolled back, no other instance was touched; "
-            f"the comparison is in {first.record}" + _too_few(rows, limits, seconds, load),
+            f"instance {node.instance} was rolled back, no other instance was touched"
+            f"{_too_few(rows, limits, seconds, load)}; the comparison is in {first.record}",
             CANARY_REGRESSED,
         )
     console.print("[green]the canary passed: rolling the other instances[/]")
