@@ -9,12 +9,18 @@ balancer host on a local connection per variant. Then the real `haproxy -c` and
 
 from __future__ import annotations
 
+import http.server
 import os
 import re
 import shutil
+import socket
 import stat
 import subprocess
 import sys
+import threading
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -572,3 +578,109 @@ def test_nginx_key_patterns_match_exactly(two):
         assert not re.fullmatch(pattern, entry["key"] + "x")
         assert not re.fullmatch(pattern, "x" + entry["key"])
 
+
+
+class _Engine(http.server.ThreadingHTTPServer):
+    """A stand-in engine on 127.0.0.1: /health 200, every POST answered with its name,
+    after `hold` seconds for a body that asks to be slow."""
+
+    daemon_threads = True
+
+    def __init__(self, name: str, hold: float = 0):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self, body: bytes) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):  # noqa: N802 (the standard library's name)
+                self._answer(b"ok")
+
+            def do_POST(self):  # noqa: N802
+                if b"slow" in self.rfile.read(int(self.headers.get("Content-Length", 0))):
+                    time.sleep(hold)
+                self._answer(name.encode())
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _runtime(sock: Path, command: str) -> str:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(sock))
+        s.sendall(command.encode() + b"\n")
+        return b"".join(iter(lambda: s.recv(65536), b"")).decode()
+
+
+def test_haproxy_takes_out_an_engine_that_refuses_connections(tmp_path):
+    """An engine whose process has exited refuses connections before the checks notice
+    (here they never would: fall 50), while the other engine is busy (maxconn 1). The
+    request must wait for the busy one, not fail once every retry went to the refuser."""
+    gone, busy = _Engine("gone"), _Engine("busy", hold=3)
+    backends = {
+        name: {"load_balancer_backend_address": "127.0.0.1",
+               "inference_engine_port": engine.server_address[1],
+               "load_balancer_backend_maxconn": 1}
+        for name, engine in (("gone", gone), ("busy", busy))
+    }
+    port, admin, sock = _free_port(), _free_port(), tmp_path / "admin.sock"
+    out = _render(tmp_path, backends, only=("haproxy_open",), extra={
+        "load_balancer_port": port, "load_balancer_bind_address": "127.0.0.1",
+        "load_balancer_admin_port": admin, "load_balancer_haproxy_runtime_socket": str(sock),
+        "load_balancer_haproxy_log": "stderr local0", "load_balancer_slowstart": "0s",
+        "load_balancer_health_fall": 50, "load_balancer_health_rise": 1})
+    proxy = subprocess.Popen(["haproxy", "-db", "-f", str(out / "haproxy_open" / "haproxy.cfg")],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def complete(prompt: str = "hi") -> tuple[int, str]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", data=f'{{"prompt": "{prompt}"}}'.encode(),
+            headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=20) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    def state(server: str) -> str:  # srv_op_state: 2 = running
+        rows = _runtime(sock, "show servers state inferfleet_engines").splitlines()
+        return next(r.split()[5] for r in rows if f" {server} " in r)
+
+    try:
+        for _ in range(100):
+            if sock.exists() and state("gone") == state("busy") == "2":
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("HAProxy never had both servers up")
+        # "busy" takes a slow request (with "gone" in maintenance meanwhile) and is full
+        _runtime(sock, "disable server inferfleet_engines/gone")
+        slow = []
+        waiting = threading.Thread(target=lambda: slow.append(complete("slow")))
+        waiting.start()
+        time.sleep(0.5)
+        _runtime(sock, "enable server inferfleet_engines/gone")
+        for _ in range(100):
+            if state("gone") == "2":
+                break
+            time.sleep(0.1)
+        gone.shutdown()
+        gone.server_close()  # its port now refuses connections
+        assert complete() == (200, "busy")
+        waiting.join()
+        assert slow == [(200, "busy")]
+    finally:
+        proxy.terminate()
+        log = proxy.communicate(timeout=10)[0]
+        busy.shutdown()
+    assert "gone is DOWN" in log and "L4 unsuccessful connection" in log, log
