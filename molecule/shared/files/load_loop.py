@@ -9,7 +9,9 @@ and end (wall clock, so other hosts' timestamps compare) and its status.
 With --probe NAME=URL it also polls URL every 0.25 s and, with --haproxy-socket, the
 state of every HAProxy server, and records each change as an event {t, what, state}:
 the moments an engine stopped answering and HAProxy took it out or back, measured here
-rather than by the slower test driver.
+rather than by the slower test driver. With --nginx-conf, on an Nginx host: each
+instance's server line in that rendered file ("nginx:NAME": down or up) and each reload
+Nginx applied ("nginx-reload": how many so far; new worker processes appear).
 """
 
 import argparse
@@ -17,6 +19,7 @@ import csv
 import io
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -49,6 +52,32 @@ def haproxy_states(path: str) -> dict:
     return {row["svname"]: row["status"] for row in rows}
 
 
+SERVER = re.compile(r"# instance (\S+): [^\n]*\n\s*server \S+ (down;)?")
+
+
+def nginx_servers(conf: str) -> dict:
+    """Instance name -> "down" or "up", from the server lines of the rendered nginx.conf."""
+    with open(conf) as f:
+        text = f.read()
+    return {m.group(1): "down" if m.group(2) else "up" for m in SERVER.finditer(text)}
+
+
+def nginx_workers() -> set:
+    """The Nginx master's children: a new set once a reload has been applied."""
+    with open("/run/nginx.pid") as f:
+        master = f.read().strip()
+    kids = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == master:
+            kids.add(pid)
+    return kids
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("url")
@@ -62,6 +91,7 @@ def main() -> None:
     p.add_argument("--key-env", default="LB_KEY")
     p.add_argument("--probe", action="append", default=[], metavar="NAME=URL")
     p.add_argument("--haproxy-socket")
+    p.add_argument("--nginx-conf")
     args = p.parse_args()
     key = os.environ.get(args.key_env, "")
     body = json.dumps({"model": args.model, "prompt": "The fleet", "max_tokens": 8,
@@ -91,7 +121,7 @@ def main() -> None:
 
     def watcher() -> None:
         probes = dict(item.split("=", 1) for item in args.probe)
-        last = {}
+        last, pids, reloads = {}, None, 0
         while running():
             now = time.time()
             seen = {f"health:{name}": health(url) for name, url in probes.items()}
@@ -101,6 +131,20 @@ def main() -> None:
                 except OSError as err:
                     states = {"socket": f"error: {err}"}
                 seen.update({f"haproxy:{name}": state for name, state in states.items()})
+            if args.nginx_conf:
+                try:
+                    lines = nginx_servers(args.nginx_conf)
+                except OSError as err:
+                    lines = {"conf": f"error: {err}"}
+                try:
+                    now_pids = nginx_workers()
+                except OSError:
+                    now_pids = pids
+                seen.update({f"nginx:{name}": state for name, state in lines.items()})
+                # After a reload the old workers finish their requests: new ones appear.
+                reloads += bool(pids and now_pids and now_pids - pids)
+                pids = now_pids or pids
+                seen["nginx-reload"] = reloads
             for what, state in seen.items():
                 if last.get(what) != state:
                     events.append({"t": now, "what": what, "state": state})
@@ -108,7 +152,7 @@ def main() -> None:
             time.sleep(POLL)
 
     threads = [threading.Thread(target=worker) for _ in range(args.workers)]
-    if args.probe or args.haproxy_socket:
+    if args.probe or args.haproxy_socket or args.nginx_conf:
         threads.append(threading.Thread(target=watcher))
     for t in threads:
         t.start()
