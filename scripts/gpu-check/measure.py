@@ -260,7 +260,7 @@ def clock(fn, cuda: bool, graph: bool) -> tuple[float, bool]:
     return statistics.median(times), graph
 
 
-def relative_fit(rows, ms) -> list[float]:
+def relative_fit(rows, ms) -> np.ndarray:
     """Least squares of the relative error: timing noise grows with the time measured, and
     the small points (which fix the constant terms) count as much as the large ones."""
     w = 1 / np.asarray(ms)
