@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.inferfleet.fleet.plugins.filter.load_balancer import haproxy_servers
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
@@ -652,13 +653,13 @@ def test_haproxy_takes_out_an_engine_that_refuses_connections(tmp_path):
         except urllib.error.HTTPError as err:
             return err.code, err.read().decode()
 
-    def state(server: str) -> str:  # srv_op_state: 2 = running
-        rows = _runtime(sock, "show servers state inferfleet_engines").splitlines()
-        return next(r.split()[5] for r in rows if f" {server} " in r)
+    def state(server: str) -> str:  # as the role reads it (tasks/server_state.yml)
+        servers = haproxy_servers(_runtime(sock, "show stat -1 4 -1"), "inferfleet_engines")
+        return next(s["status"] for s in servers if s["name"] == server)
 
     try:
         for _ in range(100):
-            if sock.exists() and state("gone") == state("busy") == "2":
+            if sock.exists() and state("gone") == state("busy") == "UP":
                 break
             time.sleep(0.1)
         else:
@@ -671,7 +672,7 @@ def test_haproxy_takes_out_an_engine_that_refuses_connections(tmp_path):
         time.sleep(0.5)
         _runtime(sock, "enable server inferfleet_engines/gone")
         for _ in range(100):
-            if state("gone") == "2":
+            if state("gone") == "UP":
                 break
             time.sleep(0.1)
         gone.shutdown()
