@@ -17,6 +17,9 @@ and `plan`, then runs the lab from the inventory its wheel carries:
 - `status`, `verify --failover` (per model: identical answers from its own weights, no
   request on another model's node; an engine stopped and started under load, no request
   failed), the secrets in no log, command line or world-readable file;
+- `inferfleet rollout --model tiny-llama` rolls its two instances v1 -> v2 under load on
+  both models: no request fails and tiny-coder's engine keeps its process (a model with
+  one instance is not rolled: that would be its outage);
 - `inferfleet lab down` leaves nothing: containers, networks, the inventory copy, the CA.
 One lab run covers it all: each bring-up costs minutes of CI.
 """
@@ -409,6 +412,46 @@ def _status_and_failover(cli: Path, work: Path, env: dict, nodes: list, balancer
     assert failover["served_after_back"] > 0, failover
 
 
+def _main_pid(host: str) -> str:
+    return _exec(host, "systemctl show -p MainPID --value inferfleet-engine").strip()
+
+
+def _one_model_rolls_alone(
+    cli: Path, work: Path, env: dict, inventory: Path, nodes: list, balancer: str
+) -> None:
+    """tiny-llama (two instances) v1 -> v2 under load on both models: no failed request,
+    tiny-coder's engine untouched (the same process), tiny-llama's nodes on v2 with other
+    answers."""
+    from inferfleet import verify as v
+
+    run([cli, "lab", "publish", "v2"], cwd=work, env=env)
+    values = yaml.safe_load((inventory / "group_vars" / "all" / "secrets.yml").read_text())
+    address = yaml.safe_load((inventory / "host_vars" / f"{balancer}.yml").read_text())
+    base = f"https://{address['inferfleet_address']}:8080"
+    v.trust(fleet.ca_file(inventory).read_text())
+    key = values["inferfleet_lab_api_key"]
+    before = v.complete(base, "tiny-llama", key).text
+    pids = {h: _main_pid(h) for h in nodes}
+    with (
+        v.LoadLoop([base], "tiny-llama", key, workers=1, pause=0.3) as llama,
+        v.LoadLoop([base], "tiny-coder", key, workers=1, pause=0.3) as coder,
+    ):
+        rolled = run(
+            [cli, "rollout", "--model", "tiny-llama", "--version", "v2"],
+            cwd=work,
+            env=env,
+            timeout=1200,
+        )
+    for model, load in (("tiny-llama", llama), ("tiny-coder", coder)):
+        assert load.calls and not load.failed(), (model, len(load.calls), load.failed()[:3])
+    assert _main_pid(nodes[2]) == pids[nodes[2]], rolled.stdout
+    assert [_main_pid(h) != pids[h] for h in nodes[:2]] == [True, True], rolled.stdout
+    seen = json.loads(run([cli, "status", "--json"], cwd=work, env=env, timeout=300).stdout)
+    versions = {n["host"]: n["model_version"] for n in seen["nodes"]}
+    assert versions == {nodes[0]: "v2", nodes[1]: "v2", nodes[2]: "v1"}, versions
+    assert v.complete(base, "tiny-llama", key).text != before
+
+
 def _no_secret_leaks(inventory: Path, hosts: list, runs: Path, since: float) -> None:
     """After deploy, status and verify; the S3 access key is an identifier, not a secret."""
     secrets_file = inventory / "group_vars" / "all" / "secrets.yml"
@@ -471,6 +514,7 @@ def test_the_installed_cli_runs_the_lab(installed, node_image, wheelhouse):
         status = run([cli, "lab", "status"], cwd=work, env=env).stdout
         assert all(host in status for host in [*nodes, balancer]), status
         _status_and_failover(cli, work, env, nodes, balancer)
+        _one_model_rolls_alone(cli, work, env, inventory, nodes, balancer)
         _no_secret_leaks(inventory, [*nodes, balancer], work / "runs", started)
     finally:
         down = subprocess.run(

@@ -80,7 +80,10 @@ def print_summary(result: RunResult) -> None:
         6: "[red]another operation holds the fleet's lock[/]",
         130: "[yellow]cancelled[/]",
     }
-    console.print(f"{verdict.get(result.rc, result.status)}; record: {result.record}")
+    # one line, never folded: the record's path is read back by scripts
+    console.print(
+        f"{verdict.get(result.rc, result.status)}; record: {result.record}", soft_wrap=True
+    )
 
 
 @contextlib.contextmanager
