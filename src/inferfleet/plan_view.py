@@ -136,6 +136,16 @@ def summary_table(plan: Plan) -> Table:
                                      f"{plan.context:,} tokens")
         table.add_row("fleet serves", f"{int(cap.max_concurrency) * plan.instances:,} "
                                       f"full-context sequences at once")
+    if plan.network is not None:
+        net = plan.network.to_dict()
+        table.add_row(
+            "group network",
+            f"per link: at least {net['min_bandwidth_gbit_s']:g} Gbit/s and a round trip of "
+            f"at most {net['max_rtt_ms']:g} ms ({net['bytes_per_token']:,} bytes per token "
+            f"per boundary; {net['sustained_gbit_s']:g} Gbit/s at {net['prefill_tokens_per_s']:g}"
+            f" prefill + {net['decode_tokens_per_s']:g} decode tokens/s; a decode step of "
+            f"{net['decode_step_mib']:g} MiB in a tenth of {net['tpot_ms']:g} ms per token)",
+        )
     for note in plan.notes:
         table.add_row("note", note)
     for suggestion in plan.suggestions:

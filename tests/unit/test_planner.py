@@ -259,6 +259,46 @@ def test_70b_at_full_128k_context_needs_three_nodes_of_2x48():
     assert plan.idle_nodes == 1
 
 
+# --- what a pipeline asks of its network ------------------------------------------------
+
+
+def test_a_pipeline_states_what_its_links_must_carry_by_hand():
+    # Llama-3.1-70B hands each token's hidden state and residual to the next stage:
+    # 2 x hidden 8192 x bf16's 2 bytes.
+    plan = plan_config(config("llama-3.1-70b"), Hardware(2, 48, nodes=4),
+                       Targets(context=8192, concurrency=16))
+    assert (plan.decision, plan.layout.pp, plan.max_num_seqs) == ("pipeline", 3, 16)
+    net = plan.network.to_dict()
+    assert (net["bytes_per_token"], net["boundaries"]) == (32_768, 2)
+    # by default every one of the 16 sequences decodes at 50 ms a token (320 tokens/s),
+    # and as many tokens are prefilled
+    assert (net["decode_tokens_per_s"], net["prefill_tokens_per_s"]) == (320, 320)
+    assert net["sustained_gbit_s"] == round(32_768 * 640 * 8 / 1e9, 3)
+    # the network's 5 ms (a tenth of 50) in three trips a token (two boundaries and the
+    # sampled tokens back): a round trip of 5/3 ms, and a step's 16 tokens (0.5 MiB)
+    # moved in half of a trip
+    assert net["decode_step_mib"] == 0.5
+    assert net["max_rtt_ms"] == round(5 / 3, 3)
+    assert net["min_bandwidth_gbit_s"] == round(16 * 32_768 / (0.005 / 3 / 2) * 8 / 1e9, 3)
+
+
+def test_high_token_rates_make_the_sustained_traffic_the_bound():
+    plan = plan_config(config("llama-3.1-70b"), Hardware(2, 48, nodes=4),
+                       Targets(context=8192, concurrency=16, prefill_rate=100_000,
+                               decode_rate=2_000, tpot_ms=100))
+    net = plan.network.to_dict()
+    sustained = 32_768 * 102_000 * 8 / 1e9
+    assert net["sustained_gbit_s"] == round(sustained, 3)
+    assert net["min_bandwidth_gbit_s"] == round(2 * sustained, 3)  # a link half busy at most
+    assert net["max_rtt_ms"] == round(10 / 3, 3)
+
+
+def test_one_node_instances_ask_nothing_of_a_group_network():
+    plan = plan_config(config("llama-3.1-70b"), Hardware(8, 80, nodes=2))
+    assert plan.decision == "replicated" and plan.network is None
+    assert plan.to_dict()["pipeline_network"] is None
+
+
 def test_fp8_moe_on_2x48_fits_one_node_with_tp_2():
     plan = plan_config(config("qwen3-30b-a3b-fp8"), Hardware(2, 48, nodes=1))
     assert plan.decision == "replicated"
@@ -628,6 +668,28 @@ def test_cli_bad_input_is_one_line_without_traceback(tmp_path):
                      "--gpu-memory-gib", "24", "--context", "999999")
     assert result.exit_code == 2
     assert "Use at most 131072" in result.stderr
+
+
+def test_cli_prints_a_pipelines_network_need_with_the_rates_given():
+    args = [str(CONFIGS / "llama-3.1-70b.json"), "--gpus-per-node", "2", "--gpu-memory-gib",
+            "48", "--nodes", "4", "--context", "8192", "--concurrency", "16",
+            "--prefill-rate", "100000", "--decode-rate", "2000", "--tpot-ms", "100"]
+    result = run_cli(*args, "--json")
+    assert result.exit_code == 0, result.output
+    net = json.loads(result.stdout)["pipeline_network"]
+    assert (net["prefill_tokens_per_s"], net["decode_tokens_per_s"]) == (100_000, 2_000)
+    assert net["min_bandwidth_gbit_s"] == round(2 * 32_768 * 102_000 * 8 / 1e9, 3)
+    table = run_cli(*args)
+    assert table.exit_code == 0, table.output
+    assert "group network" in table.stdout and "Gbit/s" in table.stdout
+
+
+@pytest.mark.parametrize("flag", ["--prefill-rate", "--decode-rate", "--tpot-ms"])
+def test_cli_refuses_a_rate_or_a_time_per_token_of_zero(flag):
+    result = run_cli(str(CONFIGS / "llama-3.1-70b.json"), "--gpus-per-node", "2",
+                     "--gpu-memory-gib", "48", "--nodes", "4", flag, "0")
+    assert result.exit_code == 2
+    assert f"{flag} must be more than 0, not 0" in result.stderr
 
 
 # --- the Ansible filter ---------------------------------------------------------------

@@ -42,6 +42,9 @@ from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.memory im
     overhead,
 )
 from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.model import ModelSource
+from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.network import (
+    PipelineNetwork,
+)
 from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.weights import (
     DTYPE_BY_NAME,
     PRECISION_LADDER,
@@ -98,6 +101,11 @@ class Targets:
     max_num_batched_tokens: int | None = None  # None: vLLM's default for the GPU size
     block_size: int = GPU_BLOCK_SIZE
     cuda_graphs: bool = True
+    # What a pipeline's network must carry (module_utils.planner.network): tokens/s per
+    # instance, None: every sequence decoding at the target pace, and as many prefilled.
+    prefill_rate: float | None = None
+    decode_rate: float | None = None
+    tpot_ms: float = 50.0  # target time per output token
 
 
 @dataclass(frozen=True)
@@ -160,6 +168,7 @@ class Plan:
     suggestions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     evaluated: list[Layout] = field(default_factory=list)
+    network: PipelineNetwork | None = None  # a pipeline's demand on its links
 
     @property
     def fits(self) -> bool:
@@ -235,6 +244,7 @@ class Plan:
             "notes": list(self.notes),
             "layouts": [candidate.summary() for candidate in self.evaluated],
             "group_vars": self.group_vars() if self.fits else None,
+            "pipeline_network": self.network.to_dict() if self.network else None,
         }
 
     def group_vars(self) -> dict[str, Any]:
@@ -368,6 +378,10 @@ def _resolve(arch: Architecture, hardware: Hardware, targets: Targets
         raise PlannerError("--concurrency must be at least 1.")
     if targets.block_size < 1:
         raise PlannerError("block size must be at least 1.")
+    for flag, value in (("--prefill-rate", targets.prefill_rate),
+                        ("--decode-rate", targets.decode_rate), ("--tpot-ms", targets.tpot_ms)):
+        if value is not None and not value > 0:
+            raise PlannerError(f"{flag} must be more than 0, not {value:g}.")
     default_batched, default_seqs = engine_defaults(hardware.gpu_memory_gib * GiB)
     concurrency = targets.concurrency or 1
     max_num_seqs = targets.concurrency or default_seqs
@@ -439,6 +453,13 @@ def _plan(location: str, arch: Architecture, weights: Weights, hardware: Hardwar
                 plan.notes.append(
                     f"{plan.idle_nodes} node(s) left over: instances need {pp} nodes each."
                 )
+            decode = targets.decode_rate or max_num_seqs * 1000 / targets.tpot_ms
+            plan.network = PipelineNetwork(
+                stages=pp, hidden_size=arch.hidden_size,
+                dtype_bytes=DTYPE_BY_NAME[weights.dtype][1], max_num_seqs=max_num_seqs,
+                prefill_rate=targets.prefill_rate or decode, decode_rate=decode,
+                tpot_ms=targets.tpot_ms,
+            )
             return plan
 
     plan.layout = best

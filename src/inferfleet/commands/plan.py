@@ -226,6 +226,9 @@ def read_models_file(path: Path, defaults: Targets) -> list[dict[str, Any]]:
             kv_cache_dtype=_text(where, "kv_cache_dtype",
                                  raw.get("kv_cache_dtype", defaults.kv_cache_dtype)),
             gpu_memory_utilization=float(utilization),
+            prefill_rate=defaults.prefill_rate,
+            decode_rate=defaults.decode_rate,
+            tpot_ms=defaults.tpot_ms,
         )
         location = source
         if not source.startswith("s3://") and not Path(source).is_absolute():
@@ -384,6 +387,22 @@ def plan_command(
              "check of the models it assigns them against the plan, and what it would "
              "override of the plan.",
     ),
+    prefill_rate: float | None = typer.Option(
+        None, "--prefill-rate",
+        help="Prompt tokens/s one pipeline instance must take, for its network need "
+             "[default: as many as it decodes].",
+        show_default=False,
+    ),
+    decode_rate: float | None = typer.Option(
+        None, "--decode-rate",
+        help="Output tokens/s one pipeline instance must give [default: every sequence "
+             "at --tpot-ms].",
+        show_default=False,
+    ),
+    tpot_ms: float = typer.Option(
+        50.0, "--tpot-ms", help="Target time per output token; a pipeline's network may "
+                                "take a tenth of it.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     write_vars: Path | None = typer.Option(
         None, "--write-vars",
@@ -402,6 +421,9 @@ def plan_command(
         quantization=quantization,
         kv_cache_dtype=kv_cache_dtype,
         gpu_memory_utilization=gpu_memory_utilization,
+        prefill_rate=prefill_rate,
+        decode_rate=decode_rate,
+        tpot_ms=tpot_ms,
     )
     if models is not None:
         if model is not None:
