@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -24,6 +25,19 @@ def _exclusive(what: str):
     with open(lock_dir / f".{what}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+@pytest.fixture
+def free_port():
+    """Gives a TCP port nothing listens on now (the kernel's pick for port 0), for a
+    server the test starts on 127.0.0.1."""
+
+    def pick() -> int:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return probe.getsockname()[1]
+
+    return pick
 
 
 @pytest.fixture(scope="session")

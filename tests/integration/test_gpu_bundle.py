@@ -14,7 +14,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -63,7 +62,7 @@ def torch_python(request, tmp_path_factory) -> Path:
     return venv / "bin" / "python"
 
 
-def test_the_bundle_runs_the_shipped_code_on_stand_ins(torch_python, tmp_path):
+def test_the_bundle_runs_the_shipped_code_on_stand_ins(torch_python, tmp_path, free_port):
     bundle = tmp_path / "bundle"
     built = subprocess.run([REPO / "scripts" / "gpu-check" / "bundle.sh", bundle],
                            capture_output=True, text=True)
@@ -132,9 +131,7 @@ def test_the_bundle_runs_the_shipped_code_on_stand_ins(torch_python, tmp_path):
     assert {p["kind"] for p in points["points"]} == {"decode", "prefill"}
     assert points["ceilings"] == "unknown"  # a CPU has no known peak
     assert points["simulator_default"]["name"] == "l4-qwen2.5-0.5b"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     engine = subprocess.Popen(
         ["python3", REPO / "roles" / "inference_engine" / "files" / "sim_engine.py", "/models/m",
          "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(port),

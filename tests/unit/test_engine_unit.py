@@ -4,7 +4,6 @@ for both accelerators and both runtimes, and the sim runtime's SIMULATED engine.
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -216,14 +215,12 @@ def test_sim_runtime_runs_the_simulated_engine_with_vllms_arguments(rendered):
     assert "s3cret-key" not in unit
 
 
-def test_the_simulated_engine_accepts_the_rendered_arguments(rendered, tmp_path):
+def test_the_simulated_engine_accepts_the_rendered_arguments(rendered, tmp_path, free_port):
     """The sim started with the unit's own ExecStart (program, profile and port swapped for
     this machine's) serves the model, names the flags it does not model, and logs the KV
     line the role's capacity check reads."""
     words = unit_exec_start(rendered["sim"].unit)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     args = words[2:]
     args[args.index("--port") + 1] = str(port)
     args[args.index("--host") + 1] = "127.0.0.1"

@@ -610,12 +610,6 @@ class _Engine(http.server.ThreadingHTTPServer):
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _runtime(sock: Path, command: str) -> str:
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(sock))
@@ -623,7 +617,7 @@ def _runtime(sock: Path, command: str) -> str:
         return b"".join(iter(lambda: s.recv(65536), b"")).decode()
 
 
-def test_haproxy_takes_out_an_engine_that_refuses_connections(tmp_path):
+def test_haproxy_takes_out_an_engine_that_refuses_connections(tmp_path, free_port):
     """An engine whose process has exited refuses connections before the checks notice
     (here they never would: fall 50), while the other engine is busy (maxconn 1). The
     request must wait for the busy one, not fail once every retry went to the refuser."""
@@ -634,7 +628,7 @@ def test_haproxy_takes_out_an_engine_that_refuses_connections(tmp_path):
                "load_balancer_backend_maxconn": 1}
         for name, engine in (("gone", gone), ("busy", busy))
     }
-    port, admin, sock = _free_port(), _free_port(), tmp_path / "admin.sock"
+    port, admin, sock = free_port(), free_port(), tmp_path / "admin.sock"
     out = _render(tmp_path, backends, only=("haproxy_open",), extra={
         "load_balancer_port": port, "load_balancer_bind_address": "127.0.0.1",
         "load_balancer_admin_port": admin, "load_balancer_haproxy_runtime_socket": str(sock),
