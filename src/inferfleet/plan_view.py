@@ -93,6 +93,18 @@ def _parts(layout: Layout, weights: int, kv: int) -> list[int]:
     return [weights, kv, layout.overhead.total, free]
 
 
+def network_need(plan: Plan) -> str:
+    """What a pipeline's links must carry (module_utils.planner.network), in a line."""
+    net = plan.network.to_dict()
+    return (
+        f"per link: at least {net['min_bandwidth_gbit_s']:g} Gbit/s and a round trip of at "
+        f"most {net['max_rtt_ms']:g} ms ({net['bytes_per_token']:,} bytes per token per "
+        f"boundary; {net['sustained_gbit_s']:g} Gbit/s at {net['prefill_tokens_per_s']:g} "
+        f"prefill + {net['decode_tokens_per_s']:g} decode tokens/s; a decode step of "
+        f"{net['decode_step_mib']:g} MiB in a tenth of {net['tpot_ms']:g} ms per token)"
+    )
+
+
 def summary_table(plan: Plan) -> Table:
     data = plan.to_dict()
     model, weights, kv = data["model"], data["weights"], data["kv_cache"]
@@ -137,15 +149,7 @@ def summary_table(plan: Plan) -> Table:
         table.add_row("fleet serves", f"{int(cap.max_concurrency) * plan.instances:,} "
                                       f"full-context sequences at once")
     if plan.network is not None:
-        net = plan.network.to_dict()
-        table.add_row(
-            "group network",
-            f"per link: at least {net['min_bandwidth_gbit_s']:g} Gbit/s and a round trip of "
-            f"at most {net['max_rtt_ms']:g} ms ({net['bytes_per_token']:,} bytes per token "
-            f"per boundary; {net['sustained_gbit_s']:g} Gbit/s at {net['prefill_tokens_per_s']:g}"
-            f" prefill + {net['decode_tokens_per_s']:g} decode tokens/s; a decode step of "
-            f"{net['decode_step_mib']:g} MiB in a tenth of {net['tpot_ms']:g} ms per token)",
-        )
+        table.add_row("group network", network_need(plan))
     for note in plan.notes:
         table.add_row("note", note)
     for suggestion in plan.suggestions:
@@ -227,6 +231,9 @@ def fleet_lines(fleet: FleetPlan) -> Text:
             notes.setdefault(note, []).append(model.name)
     for note, names in notes.items():
         text.append(f"\nnote ({', '.join(names)}): {note}", style="dim")
+    for model in fleet.models:
+        if model.fits and model.plan.network is not None:
+            text.append(f"\ngroup network ({model.name}): {network_need(model.plan)}")
     return text
 
 

@@ -287,6 +287,25 @@ def test_cli_json_is_the_fleet_plan(tmp_path):
     assert data["models"][0]["sequences_per_instance"] == 63
 
 
+def test_cli_states_each_pipeline_models_network_need_with_the_rates_given(tmp_path):
+    (tmp_path / "big.json").write_text((CONFIGS / "llama-3.1-70b.json").read_text())
+    (tmp_path / "small.json").write_text((CONFIGS / "llama-3.1-8b.json").read_text())
+    models = models_file(tmp_path, [
+        {"name": "small", "source": "small.json", "context": 8192},
+        {"name": "big", "source": "big.json", "context": 8192, "concurrency": 4},
+    ])
+    args = ["--models", str(models), *HW, "--nodes", "3", "--decode-rate", "1000",
+            "--prefill-rate", "9000"]
+    data = json.loads(run_cli(*args, "--json").stdout)
+    small, big = (m["plan"] for m in data["models"])
+    assert small["decision"] == "replicated" and small["pipeline_network"] is None
+    assert big["decision"] == "pipeline"
+    assert big["pipeline_network"]["sustained_gbit_s"] == round(32_768 * 10_000 * 8 / 1e9, 3)
+    out = flat(run_cli(*args).stdout)
+    assert "group network (big): per link: at least" in out
+    assert "group network (small)" not in out
+
+
 def test_cli_writes_the_inventory_folder(tmp_path):
     out = tmp_path / "inv"
     result = run_cli("--models", str(two_models(tmp_path)), *HW, "--nodes", "5",
