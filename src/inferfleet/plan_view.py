@@ -101,7 +101,8 @@ def network_need(plan: Plan) -> str:
         f"most {net['max_rtt_ms']:g} ms ({net['bytes_per_token']:,} bytes per token per "
         f"boundary; {net['sustained_gbit_s']:g} Gbit/s at {net['prefill_tokens_per_s']:g} "
         f"prefill + {net['decode_tokens_per_s']:g} decode tokens/s; a decode step of "
-        f"{net['decode_step_mib']:g} MiB in a tenth of {net['tpot_ms']:g} ms per token)"
+        f"{net['decode_step_mib']:g} MiB in {net['network_share']:.0%} of {net['tpot_ms']:g} ms "
+        "per token)"
     )
 
 

@@ -57,10 +57,6 @@ class PipelineNetwork:
         return NETWORK_SHARE * self.tpot_ms / 1000 / self.stages
 
     @property
-    def max_rtt_s(self) -> float:
-        return self.trip_budget_s  # half the trip: a one-way latency of half the RTT
-
-    @property
     def min_bandwidth_bytes_per_s(self) -> float:
         by_step = self.decode_step_bytes / (self.trip_budget_s / 2)
         return max(by_step, self.sustained_bytes_per_s / MAX_LINK_UTILIZATION)
@@ -75,7 +71,9 @@ class PipelineNetwork:
             "sustained_gbit_s": gbit(self.sustained_bytes_per_s),
             "decode_step_mib": round(self.decode_step_bytes / 2**20, 3),
             "min_bandwidth_gbit_s": gbit(self.min_bandwidth_bytes_per_s),
-            "max_rtt_ms": round(self.max_rtt_s * 1000, 3),
+            # half a trip's time for the latency: a one-way latency of half the round trip
+            "max_rtt_ms": round(self.trip_budget_s * 1000, 3),
+            "network_share": NETWORK_SHARE,
         }
 
 

@@ -69,6 +69,8 @@ GROUP_VAR_NAMES = {
 
 #: Conservative default: vLLM 0.32 defaults to 0.92 (0.90 before).
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90
+#: Target time per output token: an interactive pace.
+DEFAULT_TPOT_MS = 50.0
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ class Targets:
     # instance, None: every sequence decoding at the target pace, and as many prefilled.
     prefill_rate: float | None = None
     decode_rate: float | None = None
-    tpot_ms: float = 50.0  # target time per output token
+    tpot_ms: float = DEFAULT_TPOT_MS
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from ansible_collections.inferfleet.fleet.plugins.module_utils.planner import (
 )
 from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.plan import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_TPOT_MS,
     Plan,
 )
 from rich.console import Console
@@ -400,8 +401,8 @@ def plan_command(
         show_default=False,
     ),
     tpot_ms: float = typer.Option(
-        50.0, "--tpot-ms", help="Target time per output token; a pipeline's network may "
-                                "take a tenth of it.",
+        DEFAULT_TPOT_MS, "--tpot-ms",
+        help="Target time per output token (ms); a pipeline's network may take a tenth of it.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     write_vars: Path | None = typer.Option(
