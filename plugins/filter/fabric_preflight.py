@@ -82,6 +82,7 @@ def fabric_problems(members, settings):
                 f"{m['host']}: /dev/shm is {shm if shm is not None else 'missing'} MiB, "
                 f"below {shm_min} MiB"
             )
+    problems += _link_problems(members, settings)
     keys = [("engine_version", "engine versions")]
     if settings.get("accelerator") == "nvidia":
         keys = [
@@ -92,6 +93,34 @@ def fabric_problems(members, settings):
     for key, what in keys:
         if _differs(members, key):
             problems.append(f"{what} differ: {_listing(members, key)}")
+    return problems
+
+
+def _link_problems(members, settings):
+    """Each measured link (a member to the next by rank) against what the pipeline needs
+    (`inferfleet plan`'s group network): both figures named."""
+    problems = []
+    need_gbit = float(settings.get("min_bandwidth_gbit") or 0)
+    need_rtt = float(settings.get("max_rtt_ms") or 0)
+    for m in members:
+        link = m.get("link")
+        if not link:
+            continue
+        name = f"link {m['host']} -> {link['to']} ({link.get('address')})"
+        if link.get("gbit") is None:
+            problems.append(f"{name}: bandwidth not measured: {link.get('error') or 'no result'}")
+        elif need_gbit and link["gbit"] < need_gbit:
+            problems.append(
+                f"{name}: bandwidth {link['gbit']:g} Gbit/s, the pipeline needs {need_gbit:g} "
+                "Gbit/s (fabric_preflight_min_bandwidth_gbit)"
+            )
+        if link.get("rtt_ms") is None:
+            problems.append(f"{name}: round trip not measured (ping had no answer)")
+        elif need_rtt and link["rtt_ms"] > need_rtt:
+            problems.append(
+                f"{name}: round trip {link['rtt_ms']:g} ms, the pipeline tolerates {need_rtt:g} "
+                "ms (fabric_preflight_max_rtt_ms)"
+            )
     return problems
 
 
@@ -119,6 +148,13 @@ def fabric_report(members, instance):
         parts.append(
             f"ports {len(m.get('ports', [])) - len(bad)}/{len(m.get('ports', []))} reachable"
         )
+        link = m.get("link")
+        if link:
+            gbit, rtt = link.get("gbit"), link.get("rtt_ms")
+            parts.append(
+                f"link to {link['to']}: {'-' if gbit is None else f'{gbit:g}'} Gbit/s, "
+                f"round trip {'-' if rtt is None else f'{rtt:g}'} ms"
+            )
         lines.append(", ".join(parts))
     return lines
 

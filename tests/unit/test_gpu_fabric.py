@@ -145,3 +145,36 @@ def test_report_lines():
     assert lines[1].startswith("  rank 0 gpu-a: ens1f0 10.0.0.1 mtu 9000, shm 65536 MiB")
     assert "driver 570.133.20 CUDA 12.8 8 GPU(s)" in lines[1]
     assert lines[2] == "  gpu-b: no report"
+
+
+def link(to="gpu-b", gbit=9.4, rtt_ms=0.08, error=""):
+    return {"to": to, "address": "10.0.0.2", "gbit": gbit, "rtt_ms": rtt_ms, "error": error}
+
+
+def test_a_link_short_of_the_pipelines_need_names_both_figures():
+    pair = [member("gpu-a", 0, link=link(gbit=9.4, rtt_ms=0.8)), member("gpu-b", 1)]
+    assert problems(pair, min_bandwidth_gbit=5, max_rtt_ms=1.0) == []
+    assert problems(pair, min_bandwidth_gbit=25, max_rtt_ms=0.5) == [
+        "link gpu-a -> gpu-b (10.0.0.2): bandwidth 9.4 Gbit/s, the pipeline needs 25 Gbit/s "
+        "(fabric_preflight_min_bandwidth_gbit)",
+        "link gpu-a -> gpu-b (10.0.0.2): round trip 0.8 ms, the pipeline tolerates 0.5 ms "
+        "(fabric_preflight_max_rtt_ms)",
+    ]
+
+
+def test_links_are_only_measured_without_a_bound():
+    pair = [member("gpu-a", 0, link=link(gbit=0.001, rtt_ms=900)), member("gpu-b", 1)]
+    assert problems(pair, min_bandwidth_gbit=0, max_rtt_ms=0) == []
+    lines = fp.fabric_report(pair, "llama70b")
+    assert lines[1].endswith("link to gpu-b: 0.001 Gbit/s, round trip 900 ms")
+    assert "link to" not in lines[2]  # the last member has no next one
+
+
+def test_a_link_that_could_not_be_measured_says_why():
+    broken = link(gbit=None, rtt_ms=None, error="unable to connect to server: Connection refused")
+    found = problems([member("gpu-a", 0, link=broken), member("gpu-b", 1)])
+    assert found == [
+        "link gpu-a -> gpu-b (10.0.0.2): bandwidth not measured: unable to connect to server: "
+        "Connection refused",
+        "link gpu-a -> gpu-b (10.0.0.2): round trip not measured (ping had no answer)",
+    ]

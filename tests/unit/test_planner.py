@@ -395,7 +395,15 @@ def test_group_vars_carry_what_the_roles_need():
         "inference_engine_dtype": "auto",
         "inference_engine_kv_cache_dtype": "auto",
         "inference_engine_quantization": None,
+        # 4 tokens of 32 KiB in half of 5 ms / 2 trips; sustained (160 tokens/s) is less
+        "fabric_preflight_min_bandwidth_gbit": round(4 * 32_768 / 0.00125 * 8 / 1e9, 3),
+        "fabric_preflight_max_rtt_ms": 2.5,
     }
+
+
+def test_one_node_plans_write_no_link_needs():
+    variables = plan_config(config("llama-3.1-70b"), Hardware(8, 80)).group_vars()
+    assert not [key for key in variables if key.startswith("fabric_preflight_")]
 
 
 # --- input errors say what to change --------------------------------------------------

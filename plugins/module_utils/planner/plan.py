@@ -65,6 +65,9 @@ GROUP_VAR_NAMES = {
     "dtype": "inference_engine_dtype",
     "kv_cache_dtype": "inference_engine_kv_cache_dtype",
     "quantization": "inference_engine_quantization",
+    # a pipeline's links, checked by the fabric preflight (module_utils.planner.network)
+    "min_bandwidth_gbit": "fabric_preflight_min_bandwidth_gbit",
+    "max_rtt_ms": "fabric_preflight_max_rtt_ms",
 }
 
 #: Conservative default: vLLM 0.32 defaults to 0.92 (0.90 before).
@@ -266,6 +269,10 @@ class Plan:
             "kv_cache_dtype": self.targets.kv_cache_dtype,
             "quantization": requested if requested not in (None, "", "auto", "none") else None,
         }
+        if self.network is not None:
+            need = self.network.to_dict()
+            values["min_bandwidth_gbit"] = need["min_bandwidth_gbit_s"]
+            values["max_rtt_ms"] = need["max_rtt_ms"]
         return {GROUP_VAR_NAMES[key]: value for key, value in values.items()}
 
 
