@@ -100,11 +100,14 @@ def load_balancer_servers(instances: Mapping, hostvars: Mapping, defaults: Mappi
 def haproxy_servers(stat: str, backend: str) -> list:
     """The servers of the engines' backends in HAProxy's `show stat` CSV: `backend` and,
     on a fleet of several models, each model's `backend_<model>`. Name, backend, status,
-    weight (effective, ramped by slow start) and uweight (the user weight)."""
+    weight (effective, ramped by slow start), uweight (the user weight), and for
+    `inferfleet doctor` the address HAProxy checks (addr), its last check's status and
+    reason (check_status, e.g. L4TOUT; last_chk)."""
     rows = csv.DictReader(str(stat).lstrip("# ").splitlines())
     return [
         {"name": r["svname"], "backend": r["pxname"], "status": r["status"],
-         "weight": r["weight"], "uweight": r.get("uweight", "")}
+         "weight": r["weight"], "uweight": r.get("uweight", ""),
+         **{key: r.get(key) or "" for key in ("addr", "check_status", "last_chk")}}
         for r in rows
         if (r.get("pxname") == backend or str(r.get("pxname", "")).startswith(f"{backend}_"))
         and r.get("svname") not in ("FRONTEND", "BACKEND")
@@ -121,6 +124,19 @@ def haproxy_backends(stat: str, backend: str) -> list:
         if r.get("svname") == "BACKEND"
         and (r.get("pxname") == backend or str(r.get("pxname", "")).startswith(f"{backend}_"))
     ]
+
+
+def haproxy_queues(stat: str, backend: str) -> dict:
+    """The engines' backends' queues from `show stat` CSV with BACKEND rows: {backend:
+    {queued: requests waiting for a server (qcur), sessions: those and the ones the servers
+    serve (scur)}}."""
+    rows = csv.DictReader(str(stat).lstrip("# ").splitlines())
+    return {
+        r["pxname"]: {"queued": int(r.get("qcur") or 0), "sessions": int(r.get("scur") or 0)}
+        for r in rows
+        if r.get("svname") == "BACKEND"
+        and (r.get("pxname") == backend or str(r.get("pxname", "")).startswith(f"{backend}_"))
+    }
 
 
 def load_balancer_seen(result: Mapping, backend: str) -> dict:
@@ -278,6 +294,7 @@ class FilterModule:
             "load_balancer_servers": load_balancer_servers,
             "haproxy_servers": haproxy_servers,
             "haproxy_backends": haproxy_backends,
+            "haproxy_queues": haproxy_queues,
             "load_balancer_seen": load_balancer_seen,
             "load_balancer_ha": load_balancer_ha,
         }

@@ -4,6 +4,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from ansible_collections.inferfleet.fleet.plugins.filter.load_balancer import (
     haproxy_backends,
+    haproxy_queues,
     haproxy_servers,
     load_balancer_ha,
     load_balancer_servers,
@@ -152,3 +153,12 @@ def test_peers_are_the_load_balancers_of_the_same_address():
     ha = load_balancer_ha("lb2", groups, hostvars, HA)
     assert [p["host"] for p in ha["peers"]] == ["lb1", "lb2"]
     assert load_balancer_ha("nginx", groups, hostvars, {**HA, "ha": "none", "kind": "nginx"}) == {}
+
+
+def test_the_engines_backends_queues_are_read_from_show_stat():
+    stat = ("# pxname,svname,qcur,scur,status\n"
+            "inferfleet_engines,node1,0,8,UP\ninferfleet_engines,BACKEND,24,40,UP\n"
+            "inferfleet_engines_coder,BACKEND,,0,UP\nstats,BACKEND,3,1,UP\n")
+    assert haproxy_queues(stat, "inferfleet_engines") == {
+        "inferfleet_engines": {"queued": 24, "sessions": 40},
+        "inferfleet_engines_coder": {"queued": 0, "sessions": 0}}

@@ -674,6 +674,16 @@ def test_haproxy_takes_out_an_engine_that_refuses_connections(tmp_path, free_por
         assert complete() == (200, "busy")
         waiting.join()
         assert slow == [(200, "busy")]
+        # what `inferfleet doctor` reads of a server: its address and its last check
+        for _ in range(60):
+            row = next(s for s in haproxy_servers(_runtime(sock, "show stat -1 4 -1"),
+                                                  "inferfleet_engines") if s["name"] == "gone")
+            if row["check_status"] == "L4CON":
+                break
+            time.sleep(0.1)
+        assert row["addr"] == f"127.0.0.1:{gone.server_address[1]}", row
+        assert row["check_status"] == "L4CON", row
+        assert "refused" in row["last_chk"].lower(), row
     finally:
         proxy.terminate()
         log = proxy.communicate(timeout=10)[0]
