@@ -144,7 +144,7 @@ def test_the_cli_answers_help_and_plan(installed, repo_root):
     helped = run(
         [installed["bin"] / "inferfleet", "--help"], cwd=installed["work"], env=installed["env"]
     ).stdout
-    for command in ("plan", "deploy", "status", "verify", "rollout", "rollback", "scale"):
+    for command in ("plan", "deploy", "status", "verify", "rollout", "rollback", "scale", "doctor"):
         assert command in helped
     config = repo_root / "tests" / "fixtures" / "configs" / "llama-3.1-8b.json"
     shutil.copy(config, installed["work"] / "config.json")
@@ -380,6 +380,10 @@ def _status_and_failover(cli: Path, work: Path, env: dict, nodes: list, balancer
     digests = [{n["manifest_digest"] for n in seen if n["model"] == m} for m in ("tiny-llama",
                                                                                "tiny-coder")]
     assert [len(d) for d in digests] == [1, 1] and digests[0] != digests[1], digests
+    # The healthy lab (two models, TLS, real vLLM and HAProxy): nothing to report.
+    doctor = subprocess.run([cli, "doctor", "--json"], cwd=work, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert (doctor.returncode, json.loads(doctor.stdout)["findings"]) == (0, []), doctor
 
     time.sleep(10)  # past the lab's slow start (load_balancer_slowstart: 10s)
     verify = subprocess.run(
