@@ -143,12 +143,13 @@ def load_balancer_seen(result: Mapping, backend: str) -> dict:
     """One load balancer's entry of tasks/servers.yml's fact, from its looped `show stat`
     result: a skipped one runs Nginx, which keeps no state to read."""
     if result.get("skipped"):
-        return {"kind": "nginx", "servers": [], "error": ""}
+        return {"kind": "nginx", "servers": [], "queues": {}, "error": ""}
     if result.get("rc") != 0:
         error = (result.get("stderr") or result.get("msg") or "no answer").strip()
-        return {"kind": "haproxy", "servers": [], "error": error}
-    servers = haproxy_servers(result.get("stdout", ""), backend)
-    return {"kind": "haproxy", "servers": servers, "error": ""}
+        return {"kind": "haproxy", "servers": [], "queues": {}, "error": error}
+    stat = result.get("stdout", "")
+    return {"kind": "haproxy", "servers": haproxy_servers(stat, backend),
+            "queues": haproxy_queues(stat, backend), "error": ""}
 
 
 def _ipv4(host: str, hv: Mapping) -> str | None:
@@ -294,7 +295,6 @@ class FilterModule:
             "load_balancer_servers": load_balancer_servers,
             "haproxy_servers": haproxy_servers,
             "haproxy_backends": haproxy_backends,
-            "haproxy_queues": haproxy_queues,
             "load_balancer_seen": load_balancer_seen,
             "load_balancer_ha": load_balancer_ha,
         }

@@ -25,7 +25,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.inferfleet.fleet.plugins.filter.load_balancer import haproxy_servers
+from ansible_collections.inferfleet.fleet.plugins.filter.load_balancer import (
+    haproxy_servers,
+    load_balancer_seen,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
@@ -674,13 +677,17 @@ def test_haproxy_takes_out_an_engine_that_refuses_connections(tmp_path, free_por
         assert complete() == (200, "busy")
         waiting.join()
         assert slow == [(200, "busy")]
-        # what `inferfleet doctor` reads of a server: its address and its last check
+        # what `inferfleet doctor` reads (as tasks/servers.yml asks): a server's address and
+        # last check, and the backend's queue
         for _ in range(60):
-            row = next(s for s in haproxy_servers(_runtime(sock, "show stat -1 4 -1"),
-                                                  "inferfleet_engines") if s["name"] == "gone")
+            seen = load_balancer_seen(
+                {"rc": 0, "stdout": _runtime(sock, "show stat -1 6 -1")}, "inferfleet_engines")
+            row = next(s for s in seen["servers"] if s["name"] == "gone")
             if row["check_status"] == "L4CON":
                 break
             time.sleep(0.1)
+        assert sorted(s["name"] for s in seen["servers"]) == ["busy", "gone"], seen
+        assert seen["queues"] == {"inferfleet_engines": {"queued": 0, "sessions": 0}}, seen
         assert row["addr"] == f"127.0.0.1:{gone.server_address[1]}", row
         assert row["check_status"] == "L4CON", row
         assert "refused" in row["last_chk"].lower(), row
