@@ -157,7 +157,7 @@ def firewall_rules(host: str, groups: Mapping, hostvars: Mapping, options: Mappi
 
     `options`: client_networks, admin_networks, ssh_port, group_port_ranges, ray_ports,
     extra_rules (this host's firewall_* settings), monitoring_group, and the other roles'
-    port defaults for hosts that do not set them: engine_port, master_port, lb_port,
+    port defaults for hosts that do not set them: engine_port, agent_port, master_port, lb_port,
     lb_admin_port, lb_peers_port, prometheus_port, node_exporter_port, dcgm_exporter_port, and
     ray_port_defaults ({inference_engine_ray_*_port: value}).
     """
@@ -185,6 +185,14 @@ def firewall_rules(host: str, groups: Mapping, hostvars: Mapping, options: Mappi
                 engine,
                 balancers + watchers + admins,
                 "inference_engine_port",
+            )
+        )
+        rules.append(
+            _rule(
+                "engine agent from load balancers",
+                hv.get("inference_engine_agent_port", options["agent_port"]),
+                balancers,
+                "inference_engine_agent_port",
             )
         )
         group = [

@@ -49,10 +49,11 @@ def load_balancer_servers(instances: Mapping, hostvars: Mapping, defaults: Mappi
     """One server per instance, named after the instance, pointing at its rank 0, in the
     backend of the model the instance serves (its `model` and `backend`).
 
-    `defaults` holds `port`, `weight`, `maxconn`, `backend` (the base backend name) and
-    `model` (the fleet's default model, whose backend is `backend` itself); a
-    serving host overrides the first three with `inference_engine_port`,
-    `load_balancer_backend_weight` and `load_balancer_backend_maxconn`, and its address
+    `defaults` holds `port`, `agent_port`, `weight`, `maxconn`, `backend` (the base backend
+    name) and `model` (the fleet's default model, whose backend is `backend` itself); a
+    serving host overrides the first four with `inference_engine_port`,
+    `inference_engine_agent_port`, `load_balancer_backend_weight` and
+    `load_balancer_backend_maxconn`, and its address
     with `load_balancer_backend_address` (else `ansible_host`, else its inventory name).
     """
     servers = []
@@ -72,6 +73,10 @@ def load_balancer_servers(instances: Mapping, hostvars: Mapping, defaults: Mappi
                 "port": _int(
                     host, "inference_engine_port",
                     hv.get("inference_engine_port", defaults["port"]),
+                ),
+                "agent_port": _int(
+                    host, "inference_engine_agent_port",
+                    hv.get("inference_engine_agent_port", defaults["agent_port"]),
                 ),
                 "weight": _int(
                     host, "load_balancer_backend_weight",
@@ -102,10 +107,14 @@ def haproxy_servers(stat: str, backend: str) -> list:
     on a fleet of several models, each model's `backend_<model>`. Name, backend, status,
     weight (effective, ramped by slow start), uweight (the user weight), and for
     `inferfleet doctor` the address HAProxy checks (addr), its last check's status and
-    reason (check_status, e.g. L4TOUT; last_chk)."""
+    reason (check_status, e.g. L4TOUT; last_chk). With agent checks HAProxy writes
+    "DOWN (agent)" for a server its agent took down and "DRAIN (agent)" for any drained
+    one: status is the state alone (DOWN, DRAIN) and agent_down says the agent's part."""
     rows = csv.DictReader(str(stat).lstrip("# ").splitlines())
     return [
-        {"name": r["svname"], "backend": r["pxname"], "status": r["status"],
+        {"name": r["svname"], "backend": r["pxname"],
+         "status": r["status"].removesuffix(" (agent)"),
+         "agent_down": r["status"] == "DOWN (agent)",
          "weight": r["weight"], "uweight": r.get("uweight", ""),
          **{key: r.get(key) or "" for key in ("addr", "check_status", "last_chk")}}
         for r in rows

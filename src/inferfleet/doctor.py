@@ -298,6 +298,12 @@ def backends(nodes: dict, evidence: dict, balancers: dict) -> list[Finding]:
             if node.get("unit") in ("inactive", "failed"):
                 cause = f"the engine is not running (its unit is {node['unit']})"
                 fix = f"`inferfleet deploy` starts it; {journal} says why it stopped"
+            elif server.get("agent_down") and node.get("healthy"):
+                cause = (f"the engine's agent last told {lb} \"down\" and {lb} has not heard "
+                         "\"up\" since: the agent's socket unit is stopped, or its port "
+                         "(inference_engine_agent_port) is blocked")
+                fix = (f"`inferfleet deploy` starts the agent (inferfleet-engine-agent.socket) on "
+                       f"{host} and opens its port to the load balancers")
             elif not node.get("healthy"):
                 cause = (f"the engine is starting, or failing and restarted by systemd "
                          f"({ev.get('restarts', 0)} restarts): its /health fails")

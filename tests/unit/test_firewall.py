@@ -50,6 +50,7 @@ DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 SHARED = yaml.safe_load((REPO / "roles" / "fleet_defaults" / "defaults" / "main.yml").read_text())
 PORT_VARIABLES = {
     "engine_port": "inference_engine_port",
+    "agent_port": "inference_engine_agent_port",
     "master_port": "inference_engine_master_port",
     "lb_port": "load_balancer_port",
     "lb_admin_port": "load_balancer_admin_port",
@@ -96,6 +97,7 @@ def test_a_replica_takes_its_engine_port_from_lbs_monitoring_and_admins_only():
     assert allowed("rep2") == {
         "tcp/22": ADMINS,
         "tcp/8001": sorted(["10.0.0.1", "2001:db8::2", "10.0.0.5", *ADMINS]),
+        "tcp/8010": LB_ADDRS,  # the engine's agent: the load balancers alone
         "tcp/9400": ["10.0.0.5"],
         "tcp/9100": ["10.0.0.5"],
     }
@@ -173,7 +175,7 @@ def test_without_admin_networks_ssh_and_prometheus_are_closed():
 
 def test_without_a_monitoring_host_no_exporter_port_opens():
     groups = {**GROUPS, "monitoring": []}
-    assert set(allowed("rep1", groups=groups)) == {"tcp/22", "tcp/8000"}
+    assert set(allowed("rep1", groups=groups)) == {"tcp/22", "tcp/8000", "tcp/8010"}
 
 
 def test_extra_rules_are_added():

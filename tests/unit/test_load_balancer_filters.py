@@ -21,7 +21,8 @@ inferfleet_engines_org_beta-1.5,node3,UP,100,100
 inferfleet_engines_org_beta-1.5,BACKEND,UP,100,100
 inferfleet_rate_by_model,BACKEND,UP,0,0
 """
-DEFAULTS = {"port": 8000, "weight": 100, "maxconn": 64, "backend": "inferfleet_engines"}
+DEFAULTS = {"port": 8000, "agent_port": 8010, "weight": 100, "maxconn": 64,
+            "backend": "inferfleet_engines"}
 
 
 def test_the_engines_backends_and_their_servers_are_read_from_show_stat():

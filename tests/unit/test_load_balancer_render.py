@@ -248,16 +248,16 @@ def test_haproxy_servers_are_every_instances_rank_0(two, three):
     backend = _section((two / "haproxy" / "haproxy.cfg").read_text(), "backend inferfleet_engines")
     servers = [line for line in backend if line.startswith("server ")]
     assert servers == [
-        "server node1 10.0.0.11:8000 weight 100 maxconn 64",
-        "server node2 10.0.0.12:8001 weight 100 maxconn 64",
+        "server node1 10.0.0.11:8000 weight 100 maxconn 64 agent-port 8010",
+        "server node2 10.0.0.12:8001 weight 100 maxconn 64 agent-port 8010",
     ]
     cfg = (three / "haproxy" / "haproxy.cfg").read_text()
     backend = _section(cfg, "backend inferfleet_engines")
     servers = [line for line in backend if line.startswith("server ")]
     assert servers == [
-        "server big 10.0.0.14:8000 weight 100 maxconn 64",
-        "server node1 10.0.0.11:8000 weight 200 maxconn 128",
-        "server small 10.0.0.20:8000 weight 100 maxconn 64",
+        "server big 10.0.0.14:8000 weight 100 maxconn 64 agent-port 8010",
+        "server node1 10.0.0.11:8000 weight 200 maxconn 128 agent-port 8010",
+        "server small 10.0.0.20:8000 weight 100 maxconn 64 agent-port 8010",
     ]
 
 
@@ -270,7 +270,7 @@ def test_haproxy_balancing_health_and_queue(two):
     assert "http-check expect status 200" in backend
     default_server = next(line for line in backend if line.startswith("default-server "))
     for word in ["check", "inter 2s", "fastinter 1s", "downinter 5s", "fall 3", "rise 2",
-                 "slowstart 60s", "maxconn 64"]:
+                 "slowstart 60s", "maxconn 64", "agent-check", "agent-inter 1s"]:
         assert f" {word}" in default_server, word
     defaults = _section(cfg, "defaults")
     assert "timeout queue 30s" in defaults
@@ -391,11 +391,11 @@ def test_haproxy_routes_each_model_to_its_own_backend(models):
     alpha = _section(cfg, "backend inferfleet_engines")
     beta = _section(cfg, "backend inferfleet_engines_org_beta-1.5")
     assert [line for line in alpha if line.startswith("server ")] == [
-        "server node1 10.0.0.11:8000 weight 100 maxconn 64",
-        "server node2 10.0.0.12:8000 weight 100 maxconn 64",
+        "server node1 10.0.0.11:8000 weight 100 maxconn 64 agent-port 8010",
+        "server node2 10.0.0.12:8000 weight 100 maxconn 64 agent-port 8010",
     ]
     assert [line for line in beta if line.startswith("server ")] == [
-        "server node3 10.0.0.13:8000 weight 100 maxconn 64"]
+        "server node3 10.0.0.13:8000 weight 100 maxconn 64 agent-port 8010"]
     assert "option httpchk" in beta and "balance leastconn" in beta
     public = _section(cfg, "frontend inferfleet_public")
     assert "http-request set-var(txn.model) req.body,json_query('$.model') if METH_POST" in public
@@ -628,6 +628,7 @@ def test_haproxy_takes_out_an_engine_that_refuses_connections(tmp_path, free_por
     backends = {
         name: {"load_balancer_backend_address": "127.0.0.1",
                "inference_engine_port": engine.server_address[1],
+               "inference_engine_agent_port": free_port(),  # no agent: checks alone decide
                "load_balancer_backend_maxconn": 1}
         for name, engine in (("gone", gone), ("busy", busy))
     }
@@ -696,3 +697,79 @@ def test_haproxy_takes_out_an_engine_that_refuses_connections(tmp_path, free_por
         log = proxy.communicate(timeout=10)[0]
         busy.shutdown()
     assert "gone is DOWN" in log and "L4 unsuccessful connection" in log, log
+
+
+class _Agent(threading.Thread):
+    """A stand-in for an engine's agent (inferfleet-engine-agent.socket): each connection
+    gets `word` and a newline."""
+
+    def __init__(self, word: str):
+        super().__init__(daemon=True)
+        self.word, self.listener = word, socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.start()
+
+    def run(self):
+        while True:
+            connection, _ = self.listener.accept()
+            with connection:
+                connection.sendall(f"{self.word}\n".encode())
+
+
+def test_haproxy_takes_out_an_engine_whose_agent_says_down(tmp_path, free_port):
+    """A stopping engine's agent answers "down" before its process closes its socket:
+    HAProxy must stop sending it requests while its /health still answers 200, show it
+    as DOWN with agent_down (the role's reading), keep an operator's drain a DRAIN, and
+    take it back when the agent says "up"."""
+    engines = {name: _Engine(name) for name in ("stopping", "staying")}
+    agents = {name: _Agent("up") for name in engines}
+    backends = {
+        name: {"load_balancer_backend_address": "127.0.0.1",
+               "inference_engine_port": engine.server_address[1],
+               "inference_engine_agent_port": agents[name].port}
+        for name, engine in engines.items()
+    }
+    port, admin, sock = free_port(), free_port(), tmp_path / "admin.sock"
+    out = _render(tmp_path, backends, only=("haproxy_open",), extra={
+        "load_balancer_port": port, "load_balancer_bind_address": "127.0.0.1",
+        "load_balancer_admin_port": admin, "load_balancer_haproxy_runtime_socket": str(sock),
+        "load_balancer_haproxy_log": "stderr local0", "load_balancer_slowstart": "0s",
+        "load_balancer_balance": "roundrobin"})
+    proxy = subprocess.Popen(["haproxy", "-db", "-f", str(out / "haproxy_open" / "haproxy.cfg")],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def servers() -> dict:
+        seen = haproxy_servers(_runtime(sock, "show stat -1 4 -1"), "inferfleet_engines")
+        return {s["name"]: s for s in seen}
+
+    def until(name: str, status: str) -> dict:
+        for _ in range(100):
+            server = servers()[name] if sock.exists() else {}
+            if server.get("status") == status:
+                return server
+            time.sleep(0.1)
+        pytest.fail(f"{name} never {status}: {servers()}")
+
+    def answers(count: int) -> list[str]:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                         data=b'{"prompt": "hi"}')
+        return [urllib.request.urlopen(request, timeout=10).read().decode()
+                for _ in range(count)]
+
+    try:
+        until("stopping", "UP"), until("staying", "UP")
+        agents["stopping"].word = "down"
+        assert until("stopping", "DOWN")["agent_down"] is True
+        assert servers()["staying"]["agent_down"] is False
+        assert answers(6) == ["staying"] * 6  # its /health still answers 200
+        _runtime(sock, "set server inferfleet_engines/staying state drain")
+        assert until("staying", "DRAIN")["agent_down"] is False  # HAProxy: "DRAIN (agent)"
+        _runtime(sock, "set server inferfleet_engines/staying state ready")
+        agents["stopping"].word = "up"
+        until("stopping", "UP")
+        assert sorted(set(answers(6))) == ["staying", "stopping"]
+    finally:
+        proxy.terminate()
+        proxy.communicate(timeout=10)
+        for engine in engines.values():
+            engine.shutdown()
