@@ -679,12 +679,14 @@ def test_haproxy_takes_out_an_engine_that_refuses_connections(tmp_path, free_por
         waiting.join()
         assert slow == [(200, "busy")]
         # what `inferfleet doctor` reads (as tasks/servers.yml asks): a server's address and
-        # last check, and the backend's queue
+        # last check, and the backend's queue, once the answered requests' sessions have
+        # closed (CI once read the slow one's session a moment after its answer)
         for _ in range(60):
             seen = load_balancer_seen(
                 {"rc": 0, "stdout": _runtime(sock, "show stat -1 6 -1")}, "inferfleet_engines")
             row = next(s for s in seen["servers"] if s["name"] == "gone")
-            if row["check_status"] == "L4CON":
+            sessions = seen["queues"]["inferfleet_engines"]["sessions"]
+            if row["check_status"] == "L4CON" and sessions == 0:
                 break
             time.sleep(0.1)
         assert sorted(s["name"] for s in seen["servers"]) == ["busy", "gone"], seen

@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """The engine's HAProxy agent (agent-check), started by inferfleet-engine-agent.socket,
 which hands it the listening socket (fd 3). Each connection gets one line:
 
