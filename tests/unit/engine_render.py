@@ -125,6 +125,10 @@ def _render(variables: list[str]) -> dict:
             values[name] = task["ansible.builtin.copy"]["content"]
         if task.get("no_log"):
             secret.add(name)
+    # the agent's service (a looped template task inside a block, so named here)
+    agent = ROLE / "templates" / "inferfleet-engine-agent.service.j2"
+    values["agent_unit"] = ("{{ lookup('ansible.builtin.template', " + json.dumps(str(agent))
+                            + ") }}")
     names = json.dumps(variables)
     values["vars"] = ("{{ dict(" + names + " | zip(query('ansible.builtin.vars', *" + names
                       + "))) }}")

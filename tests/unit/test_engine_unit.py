@@ -59,6 +59,7 @@ def cases(folder):
         "nvidia-gmu": overrides("venv", "nvidia", inference_engine_gpu_memory_utilization=0.5),
         "extra-args": overrides("venv", "nvidia", inference_engine_extra_args=EXTRA),
         "sim": overrides("sim", "nvidia", inference_engine_max_model_len=2048),
+        "bound": overrides("venv", "nvidia", inference_engine_host="10.1.2.3"),
         "vars-cpu": {"inferfleet_accelerator": "cpu", "inference_engine_pip_find_links": "/w"},
         "vars-gpu": {},
     }
@@ -248,3 +249,14 @@ def test_the_simulated_engine_accepts_the_rendered_arguments(rendered, tmp_path,
     text = log.read_text()
     assert "not modelled, ignored: --tensor-parallel-size 4" in text
     assert parse_kv_cache_log(text) == (1040000, 2048, 507.81)
+
+
+def test_the_agent_asks_the_engine_where_it_listens(rendered):
+    """The agent's `up` needs the engine's /health: on the loopback when the engine binds
+    every address, on its own address when it binds one (else it would never say up
+    again after a stop)."""
+    words = unit_exec_start(rendered["venv-nvidia"].file("agent_unit"))
+    assert words[words.index("--unit") + 1] == "inferfleet-engine.service"
+    assert words[words.index("--health-url") + 1] == "http://127.0.0.1:8000/health"
+    bound = unit_exec_start(rendered["bound"].file("agent_unit"))
+    assert bound[bound.index("--health-url") + 1] == "http://10.1.2.3:8000/health"
