@@ -294,7 +294,8 @@ def backends(nodes: dict, evidence: dict, balancers: dict) -> list[Finding]:
             ]
             rules = str(ev.get("firewall") or "")
             port_lines = _port_rules(rules, _port(addr))
-            journal = f"`journalctl -u {node.get('service') or 'inferfleet-engine'}` on {host}"
+            service = node.get('service') or 'inferfleet-engine'
+            journal = f"`journalctl -u {service}` on {host}"
             if node.get("unit") in ("inactive", "failed"):
                 cause = f"the engine is not running (its unit is {node['unit']})"
                 fix = f"`inferfleet deploy` starts it; {journal} says why it stopped"
@@ -302,7 +303,7 @@ def backends(nodes: dict, evidence: dict, balancers: dict) -> list[Finding]:
                 cause = (f"the engine's agent last told {lb} \"down\" and {lb} has not heard "
                          "\"up\" since: the agent's socket unit is stopped, or its port "
                          "(inference_engine_agent_port) is blocked")
-                fix = (f"`inferfleet deploy` starts the agent (inferfleet-engine-agent.socket) on "
+                fix = (f"`inferfleet deploy` starts the agent ({service}-agent.socket) on "
                        f"{host} and opens its port to the load balancers")
             elif not node.get("healthy"):
                 cause = (f"the engine is starting, or failing and restarted by systemd "

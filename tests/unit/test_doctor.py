@@ -203,7 +203,7 @@ def test_a_backend_down_because_its_engine_is_stopped_or_its_check_is_wrong():
     lbs["lb"]["servers"] = [{**_down("node1", "L7OK"), "agent_down": True}]
     [f] = d.backends(nodes, ev, lbs)
     assert "the engine's agent last told lb \"down\"" in f.cause
-    assert "inference_engine_agent_port" in f.cause and "agent" in f.fix
+    assert "inference_engine_agent_port" in f.cause and "inferfleet-engine-agent.socket" in f.fix
     # servers taken out on purpose (MAINT, DRAIN) are not findings
     lbs["lb"]["servers"] = [{**_down("node1"), "status": "MAINT"}]
     assert d.backends(nodes, ev, lbs) == []
