@@ -15,6 +15,12 @@ the CPU, not the fleet. A run in which any request failed says so and exits 1 wi
 ratios.
 
     .venv/bin/python benchmarks/fleet_scale.py [--per-replica 8] [--max-tokens 128]
+
+With --deploy it times, instead, a no-change `inferfleet deploy` of the lab with Ansible's
+own strategy and with Mitogen's (INFERFLEET_MITOGEN=1), alternately --deploy-runs times
+each, and prints the ratio of their medians; a run that fails or changes anything says so
+and exits 1 without ratios. Beside each: the controller's CPU (the CLI, ansible-playbook,
+its workers and the docker commands they start) and the lab containers' CPU.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -90,7 +99,7 @@ class CpuMeter:
 
     def __exit__(self, *exc):
         (w0, p0, (b0, t0), g0), (w1, p1, (b1, t1), g1) = self.start, self._read()
-        wall = w1 - w0
+        self.wall = wall = w1 - w0
         self.cores = {"client": (p1 - p0) / wall,
                       **{g: (g1[g] - g0[g]) / wall for g in g0}}
         self.machine = (b1 - b0) / max(1, t1 - t0)
@@ -104,16 +113,74 @@ def steps(n: int) -> list[int]:
     return out
 
 
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed_deploy(mitogen: bool, containers: list[str]) -> dict:
+    """One `inferfleet deploy` of the lab: its wall time, CPU and record."""
+    env = dict(os.environ, INFERFLEET_MITOGEN="1" if mitogen else "0")
+    cli = Path(sys.executable).parent / "inferfleet"
+    controller = children_cpu()
+    with CpuMeter({"containers": containers}) as meter:
+        done = subprocess.run([cli, "deploy", "-i", LAB_INVENTORY], env=env, capture_output=True,
+                              text=True)
+    found = re.search(r"record: (\S+record\.json)", done.stdout)
+    record = json.loads(Path(found[1]).read_text()) if found else {}
+    changed = sum(record.get("stats", {}).get("changed", {}).values())
+    return {"mitogen": mitogen, "rc": done.returncode, "changed": changed,
+            "wall": meter.wall, "controller": (children_cpu() - controller) / meter.wall,
+            "containers": meter.cores["containers"], "machine": meter.machine,
+            "record": found[1] if found else done.stdout[-2000:] + done.stderr[-2000:]}
+
+
+def deploy_phase(nodes: list, runs: int) -> int:
+    containers = [LB_CONTAINER, *(n.host for n in nodes)]
+    results = []
+    for _ in range(runs):
+        for mitogen in (False, True):
+            results.append(timed_deploy(mitogen, containers))
+            r = results[-1]
+            print(f"{'mitogen' if mitogen else 'ansible'}: rc {r['rc']}, {r['changed']} changed, "
+                  f"{r['wall']:.1f} s", flush=True)
+    print(f"\nno-change `inferfleet deploy`: {len(nodes)} engine nodes and a load balancer, "
+          f"{os.cpu_count()} cores shared by the controller and every host")
+    print("CPU in cores (1.0 = one core busy) while each ran, and the machine's busy share")
+    print(f"{'strategy':>9} {'rc':>3} {'changed':>7} {'wall s':>7} {'controller':>10} "
+          f"{'containers':>10} {'machine':>7}")
+    for r in results:
+        print(f"{'mitogen' if r['mitogen'] else 'ansible':>9} {r['rc']:3d} {r['changed']:7d} "
+              f"{r['wall']:7.1f} {r['controller']:10.2f} {r['containers']:10.2f} "
+              f"{r['machine']:7.0%}")
+    bad = [r for r in results if r["rc"] or r["changed"]]
+    if bad:
+        for r in bad:
+            print(f"FAILED or not idempotent: rc {r['rc']}, {r['changed']} changed: {r['record']}")
+        print("no ratio: a deploy that failed or changed something is not a no-change run")
+        return 1
+    walls = {m: statistics.median(r["wall"] for r in results if r["mitogen"] == m)
+             for m in (False, True)}
+    print(f"median: Ansible's strategy {walls[False]:.1f} s, Mitogen's {walls[True]:.1f} s: "
+          f"{walls[False] / walls[True]:.2f} x faster with Mitogen (same run)")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--per-replica", type=int, default=8, help="requests at once per replica")
     p.add_argument("--requests-per-replica", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--deploy", action="store_true",
+                   help="time no-change deploys (Ansible's strategy, Mitogen's) instead")
+    p.add_argument("--deploy-runs", type=int, default=1, help="deploys of each strategy")
     args = p.parse_args()
     fleet = load(LAB_INVENTORY)
     nodes = fleet.serving
     if not nodes:
         sys.exit("no lab: run `inferfleet lab up --nodes 16 --engine sim` first")
+    if args.deploy:
+        return deploy_phase(nodes, args.deploy_runs)
     engine = version(nodes[0].base, fleet.engine_key)
     if not engine.endswith("+sim"):
         sys.exit(f"the lab's engines are vLLM {engine}, not simulated: this benchmark needs "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib.util
 import json
 import os
 import re
@@ -39,6 +40,32 @@ ANSIBLE_SETTINGS = {
     "ANSIBLE_PIPELINING": "True",
     "ANSIBLE_FORCE_COLOR": "0",
 }
+# INFERFLEET_MITOGEN=1 runs the playbooks with Mitogen's linear strategy (the `mitogen`
+# extra): one Python per host for the whole run instead of one per task, which cuts a
+# no-change run of a large fleet by about half (docs/scaling.md). Ansible's own otherwise.
+MITOGEN = "INFERFLEET_MITOGEN"
+
+
+def strategy_settings() -> dict[str, str]:
+    """The Ansible settings that select the run's strategy plugin (none: Ansible's own)."""
+    value = os.environ.get(MITOGEN, "")
+    if value in ("", "0"):
+        return {}
+    if value != "1":
+        raise SystemExit(
+            f"inferfleet: {MITOGEN}={value!r}: set it to 1 (Mitogen) or 0 (Ansible's "
+            "own strategy), or unset it"
+        )
+    spec = importlib.util.find_spec("ansible_mitogen")
+    if spec is None:
+        raise SystemExit(
+            f"inferfleet: {MITOGEN}=1 but Mitogen is not installed here: "
+            "pip install 'inferfleet[mitogen]', or unset it"
+        )
+    plugins = Path(spec.origin).parent / "plugins" / "strategy"
+    return {"ANSIBLE_STRATEGY_PLUGINS": str(plugins), "ANSIBLE_STRATEGY": "mitogen_linear"}
+
+
 ENV_ALLOW = {
     "HOME",
     "PATH",
@@ -285,6 +312,7 @@ def _run(
     import ansible_runner
 
     console = console or Console()
+    settings = ANSIBLE_SETTINGS | strategy_settings()
     started = time.time()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + f"-{command.replace(' ', '-')}"
     RUNS_DIR.mkdir(parents=True, mode=0o700, exist_ok=True)
@@ -320,7 +348,7 @@ def _run(
                 limit=limit,
                 tags=tags,
                 cmdline=cmdline or None,
-                envvars=ANSIBLE_SETTINGS,
+                envvars=settings,
                 event_handler=progress,
                 cancel_callback=lambda: cancelled,
                 quiet=True,
@@ -348,6 +376,7 @@ def _run(
                 "tags": tags,
                 "check": check,
                 "diff": diff,
+                "mitogen": "ANSIBLE_STRATEGY" in settings,
                 "status": run.status,
                 "rc": rc,
                 "stats": stats,

@@ -11,6 +11,7 @@ and `plan`, then runs the lab from the inventory its wheel carries:
   vLLM CPU engines, two of tiny-llama and one of tiny-coder, behind HAProxy routing by
   model, TLS at the edge); while it runs a second controller's deploy is refused by the
   fleet's lock; its last play asks each model for a completion over HTTPS;
+- a second `inferfleet deploy`, through Mitogen's strategy, changes nothing;
 - the curl lines it prints and the openai SDK (trusting the lab's CA) get completions of
   both models, /v1/models lists both, an unknown model is 404; without the CA the
   certificate does not verify, and plain HTTP gets no answer;
@@ -90,7 +91,8 @@ def installed(tmp_path_factory, repo_root, venv_bin) -> dict:
     for key in ("PIP_FIND_LINKS", "PIP_CERT", "SSL_CERT_FILE", "DOCKER_HOST"):
         if key in os.environ:
             env[key] = os.environ[key]
-    run([work / "venv" / "bin" / "pip", "install", "--quiet", f"{wheel}[lab]"], cwd=work, env=env)
+    run([work / "venv" / "bin" / "pip", "install", "--quiet", f"{wheel}[lab,mitogen]"], cwd=work,
+        env=env)
     run(
         [
             work / "venv" / "bin" / "ansible-galaxy",
@@ -321,6 +323,15 @@ def _lab_up_tls_with_a_second_controller(installed: dict, inventory: Path, balan
     return out
 
 
+def _deploy_again_with_mitogen(cli: Path, work: Path, env: dict) -> None:
+    """A second deploy, through Mitogen's strategy (the [mitogen] extra), changes nothing."""
+    again = run([cli, "deploy"], cwd=work, env=env | {"INFERFLEET_MITOGEN": "1"}).stdout
+    record = json.loads(Path(again.rsplit("record: ", 1)[1].split()[0]).read_text())
+    assert (record["command"], record["mitogen"], record["rc"]) == ("deploy", True, 0), record
+    assert sum(record["stats"]["changed"].values()) == 0, record["stats"]
+    assert len(record["stats"]["ok"]) == 4, record["stats"]  # three engine nodes, HAProxy
+
+
 def _clients(up: str, inventory: Path, balancer: str, work: Path, env: dict) -> None:
     """The curl lines lab up printed (one per model), and the openai SDK as the README
     shows it, trusting the lab's CA, get completions of both models from their own weights;
@@ -514,6 +525,7 @@ def test_the_installed_cli_runs_the_lab(installed, node_image, wheelhouse):
         assert record["inventory"] == str(inventory)
         assert record["stats"]["ok"][balancer] > 0
         _clients(up, inventory, balancer, work, env)
+        _deploy_again_with_mitogen(cli, work, env)
 
         status = run([cli, "lab", "status"], cwd=work, env=env).stdout
         assert all(host in status for host in [*nodes, balancer]), status

@@ -85,7 +85,7 @@ def test_preflight_refusal_exits_4_and_keeps_a_masked_record(tmp_path, runs_dir)
     records = list(commands(runs_dir))
     assert len(records) == 1
     record = json.loads(records[0].read_text())
-    assert record["rc"] == 4 and record["command"] == "deploy"
+    assert record["rc"] == 4 and record["command"] == "deploy" and record["mitogen"] is False
     assert record["extra_vars"] == {
         "inference_engine_api_key": "***",
         "inference_engine_port": 9000,
@@ -95,6 +95,32 @@ def test_preflight_refusal_exits_4_and_keeps_a_masked_record(tmp_path, runs_dir)
         p for p in runs_dir.rglob("*") if p.is_file() and secret in p.read_text(errors="ignore")
     ]
     assert leaked == []
+
+
+def test_mitogen_runs_the_playbook_and_a_bad_setting_is_refused_before_any_run(
+    tmp_path, runs_dir, monkeypatch
+):
+    """INFERFLEET_MITOGEN=1: the same run (the preflight refuses it, exit 4) through
+    Mitogen's strategy, and the record says so; a value other than 0/1, or no Mitogen
+    installed, stops the command with what to do and no run at all."""
+    inv = inventory(tmp_path, {"inferfleet_accelerator": "tpu", "inferfleet_model_name": "m"})
+    monkeypatch.setenv("INFERFLEET_MITOGEN", "1")
+    result = cli.invoke(app, ["deploy", "-i", str(inv)])
+    assert result.exit_code == 4, result.output
+    (record,) = [json.loads(p.read_text()) for p in commands(runs_dir)]
+    assert (record["rc"], record["mitogen"]) == (4, True)
+    runs = sorted(runs_dir.iterdir())
+
+    monkeypatch.setenv("INFERFLEET_MITOGEN", "yes")
+    result = cli.invoke(app, ["deploy", "-i", str(inv)])
+    assert result.exit_code == 1
+    assert "INFERFLEET_MITOGEN='yes': set it to 1 (Mitogen) or 0" in result.output
+    monkeypatch.setenv("INFERFLEET_MITOGEN", "1")
+    monkeypatch.setattr(runner.importlib.util, "find_spec", lambda name: None)
+    result = cli.invoke(app, ["deploy", "-i", str(inv)])
+    assert result.exit_code == 1
+    assert "pip install 'inferfleet[mitogen]', or unset it" in result.output
+    assert sorted(runs_dir.iterdir()) == runs
 
 
 def test_mask_covers_nested_secrets():
