@@ -175,6 +175,8 @@ def main() -> int:
                    help="time no-change deploys (Ansible's strategy, Mitogen's) instead")
     p.add_argument("--deploy-runs", type=int, default=1, help="deploys of each strategy")
     args = p.parse_args()
+    if args.deploy_runs < 1:
+        p.error("--deploy-runs: at least 1 deploy of each strategy")
     fleet = load(LAB_INVENTORY)
     nodes = fleet.serving
     if not nodes:
