@@ -18,9 +18,13 @@ and `plan`, then runs the lab from the inventory its wheel carries:
 - `status`, `verify --failover` (per model: identical answers from its own weights, no
   request on another model's node; an engine stopped and started under load, no request
   failed), the secrets in no log, command line or world-readable file;
+- `inferfleet lab up --tls --models 2 --nginx` adds Nginx beside HAProxy (the lab's CA
+  issues a certificate for both): its curl lines get each model's greedy answer from its
+  own weights (the same as HAProxy's; the engines' counters say each request reached its
+  model's nodes only), /v1/models lists both, an unknown model is 404 naming them;
 - `inferfleet rollout --model tiny-llama` rolls its two instances v1 -> v2 under load on
-  both models: no request fails and tiny-coder's engine keeps its process (a model with
-  one instance is not rolled: that would be its outage);
+  both models through both load balancers: no request fails and tiny-coder's engine keeps
+  its process (a model with one instance is not rolled: that would be its outage);
 - `inferfleet lab down` leaves nothing: containers, networks, the inventory copy, the CA.
 One lab run covers it all: each bring-up costs minutes of CI.
 """
@@ -431,25 +435,82 @@ def _main_pid(host: str) -> str:
     return _exec(host, "systemctl show -p MainPID --value inferfleet-engine").strip()
 
 
-def _one_model_rolls_alone(
+def _base(inventory: Path, host: str, port: int = 8080, scheme: str = "https") -> str:
+    address = yaml.safe_load((inventory / "host_vars" / f"{host}.yml").read_text())
+    return f"{scheme}://{address['inferfleet_address']}:{port}"
+
+
+def _nginx_beside_haproxy(
     cli: Path, work: Path, env: dict, inventory: Path, nodes: list, balancer: str
+) -> str:
+    """`lab up --tls --models 2 --nginx` grows the lab by Nginx: each model's greedy answer
+    through it is HAProxy's, and came from that model's nodes only (the engines' request
+    counters); the openai SDK lists both models there and gets 404 naming them for an
+    unknown one. Returns Nginx's host."""
+    from inferfleet import verify as v
+
+    up = run([cli, "lab", "up", "--tls", "--models", "2", "--nginx"], cwd=work, env=env,
+             timeout=1500).stdout
+    balancers = fleet.inventory_hosts(inventory)["loadbalancers"]
+    assert balancers == [balancer, fleet.NGINX_HOST], balancers
+    values = yaml.safe_load((inventory / "group_vars" / "all" / "secrets.yml").read_text())
+    key, engine_key = values["inferfleet_lab_api_key"], values["inferfleet_lab_engine_key"]
+    ca = fleet.ca_file(inventory)  # issued again, for both load balancers
+    v.trust(ca.read_text())
+    haproxy, nginx = (_base(inventory, lb) for lb in balancers)
+    curls = [line for line in up.splitlines() if line.startswith("curl -s ")]
+    assert [nginx in c for c in curls] == [False, False, True, True], curls
+
+    def served() -> dict[str, float]:
+        return {
+            h: v.served_requests(
+                v.get(f"{_base(inventory, h, 8000, 'http')}/metrics", engine_key)[1]
+            )
+            for h in nodes
+        }
+
+    expected = {m: v.complete(haproxy, m, key).text for m in ("tiny-llama", "tiny-coder")}
+    before = served()
+    for model, count in (("tiny-llama", 4), ("tiny-coder", 2)):
+        answers = [v.complete(nginx, model, key) for _ in range(count)]
+        assert all(a.ok for a in answers), [(a.status, a.error) for a in answers]
+        assert {a.text for a in answers} == {expected[model]}, (model, answers)
+    after = served()
+    # nodes[2] serves tiny-coder alone, nodes[0] and nodes[1] tiny-llama.
+    assert after[nodes[2]] - before[nodes[2]] == 2, (before, after)
+    assert sum(after[h] - before[h] for h in nodes[:2]) == 4, (before, after)
+
+    client = openai.OpenAI(
+        base_url=f"{nginx}/v1",
+        api_key=key,
+        http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=ca)),
+    )
+    assert sorted(m.id for m in client.models.list()) == ["tiny-coder", "tiny-llama"]
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.completions.create(model="tiny-gpt", prompt="Hello", max_tokens=4)
+    assert "served: tiny-coder, tiny-llama" in str(unknown.value), unknown.value
+    return fleet.NGINX_HOST
+
+
+def _one_model_rolls_alone(
+    cli: Path, work: Path, env: dict, inventory: Path, nodes: list, balancers: list
 ) -> None:
-    """tiny-llama (two instances) v1 -> v2 under load on both models: no failed request,
-    tiny-coder's engine untouched (the same process), tiny-llama's nodes on v2 with other
-    answers."""
+    """tiny-llama (two instances) v1 -> v2 under load on both models through every load
+    balancer: no failed request, tiny-coder's engine untouched (the same process),
+    tiny-llama's nodes on v2 with other answers."""
     from inferfleet import verify as v
 
     run([cli, "lab", "publish", "v2"], cwd=work, env=env)
     values = yaml.safe_load((inventory / "group_vars" / "all" / "secrets.yml").read_text())
-    address = yaml.safe_load((inventory / "host_vars" / f"{balancer}.yml").read_text())
-    base = f"https://{address['inferfleet_address']}:8080"
+    bases = [_base(inventory, lb) for lb in balancers]
+    base = bases[0]
     v.trust(fleet.ca_file(inventory).read_text())
     key = values["inferfleet_lab_api_key"]
     before = v.complete(base, "tiny-llama", key).text
     pids = {h: _main_pid(h) for h in nodes}
     with (
-        v.LoadLoop([base], "tiny-llama", key, workers=1, pause=0.3) as llama,
-        v.LoadLoop([base], "tiny-coder", key, workers=1, pause=0.3) as coder,
+        v.LoadLoop(bases, "tiny-llama", key, workers=1, pause=0.3) as llama,
+        v.LoadLoop(bases, "tiny-coder", key, workers=1, pause=0.3) as coder,
     ):
         rolled = run(
             [cli, "rollout", "--model", "tiny-llama", "--version", "v2"],
@@ -458,13 +519,15 @@ def _one_model_rolls_alone(
             timeout=1200,
         )
     for model, load in (("tiny-llama", llama), ("tiny-coder", coder)):
-        assert load.calls and not load.failed(), (model, len(load.calls), load.failed()[:3])
+        assert len(load.calls) >= 2 * len(bases), (model, len(load.calls))  # through each
+        assert not load.failed(), (model, len(load.calls), load.failed()[:3])
     assert _main_pid(nodes[2]) == pids[nodes[2]], rolled.stdout
     assert [_main_pid(h) != pids[h] for h in nodes[:2]] == [True, True], rolled.stdout
     seen = json.loads(run([cli, "status", "--json"], cwd=work, env=env, timeout=300).stdout)
     versions = {n["host"]: n["model_version"] for n in seen["nodes"]}
     assert versions == {nodes[0]: "v2", nodes[1]: "v2", nodes[2]: "v1"}, versions
-    assert v.complete(base, "tiny-llama", key).text != before
+    after = {v.complete(b, "tiny-llama", key).text for b in bases}
+    assert len(after) == 1 and before not in after, (before, after)
 
 
 def _no_secret_leaks(inventory: Path, hosts: list, runs: Path, since: float) -> None:
@@ -530,8 +593,9 @@ def test_the_installed_cli_runs_the_lab(installed, node_image, wheelhouse):
         status = run([cli, "lab", "status"], cwd=work, env=env).stdout
         assert all(host in status for host in [*nodes, balancer]), status
         _status_and_failover(cli, work, env, nodes, balancer)
-        _one_model_rolls_alone(cli, work, env, inventory, nodes, balancer)
-        _no_secret_leaks(inventory, [*nodes, balancer], work / "runs", started)
+        nginx = _nginx_beside_haproxy(cli, work, env, inventory, nodes, balancer)
+        _one_model_rolls_alone(cli, work, env, inventory, nodes, [balancer, nginx])
+        _no_secret_leaks(inventory, [*nodes, balancer, nginx], work / "runs", started)
     finally:
         down = subprocess.run(
             [cli, "lab", "down"], cwd=work, env=env, capture_output=True, text=True, timeout=300

@@ -599,6 +599,55 @@ def test_a_simulated_lab_inventory_as_ansible_reads_it(tmp_path):
     assert not (lab / "nodes.yml").exists() and fleet.read_nodes(lab) == (2, "vllm")
 
 
+def test_a_lab_inventory_with_nginx_as_ansible_reads_it(tmp_path):
+    """`lab up --nginx --nodes 3 --engine sim`: Nginx joins `loadbalancers` beside HAProxy,
+    neither a peer of a shared address, both with the sim lab's lifted rate limit; off
+    again, the file is gone and the lab has HAProxy alone."""
+    from inferfleet.lab import fleet
+
+    root = Path(__file__).resolve().parents[2]
+    lab = tmp_path / "lab"
+    for tracked in ("hosts.yml", "group_vars/all/lab.yml"):
+        (lab / tracked).parent.mkdir(parents=True, exist_ok=True)
+        (lab / tracked).write_text((root / "inventories" / "lab" / tracked).read_text())
+    fleet.write_nginx(lab, True)
+    fleet.write_nodes(lab, 3, "sim")
+    assert fleet.inventory_hosts(lab)["loadbalancers"] == ["inferfleet-lab-lb", fleet.NGINX_HOST]
+    listed = json.loads(subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(lab), "--list"],
+        capture_output=True, text=True, check=True).stdout)
+    assert sorted(listed["loadbalancers"]["hosts"]) == ["inferfleet-lab-lb", fleet.NGINX_HOST]
+    hostvars = listed["_meta"]["hostvars"]
+    assert hostvars[fleet.NGINX_HOST]["load_balancer_kind"] == "nginx"
+    assert "load_balancer_kind" not in hostvars["inferfleet-lab-lb"]  # HAProxy, the default
+    for lb in ("inferfleet-lab-lb", fleet.NGINX_HOST):
+        assert hostvars[lb]["load_balancer_ha"] == "none"
+        assert hostvars[lb]["load_balancer_rate_limit_requests"] == 100000
+    fleet.write_nginx(lab, False)
+    assert not (lab / fleet.NGINX_FILE).exists()
+    assert fleet.balancers(lab) == ["inferfleet-lab-lb"]
+
+
+def test_lab_up_without_nginx_on_a_lab_that_has_it_is_refused(tmp_path, monkeypatch):
+    """A running lab does not lose its Nginx by a plain `lab up`: it says how it runs."""
+    from inferfleet.commands import lab as lab_cmd
+    from inferfleet.lab import fleet
+
+    inventory = tmp_path / "lab"
+    inventory.mkdir()
+    root = Path(__file__).resolve().parents[2]
+    (inventory / "hosts.yml").write_text((root / "inventories/lab/hosts.yml").read_text())
+    fleet.write_nginx(inventory, True)
+    monkeypatch.setattr(lab_cmd, "LAB_INVENTORY", inventory)
+    monkeypatch.setattr(lab_cmd, "require_lab", lambda: None)
+    monkeypatch.setattr(lab_cmd.services, "containers", lambda name: ["inferfleet-lab-lb"])
+    result = cli.invoke(app, ["lab", "up"])
+    words = " ".join(result.output.split())
+    assert result.exit_code == 1, result.output
+    assert "the lab runs as `lab up --nodes 2 --engine vllm --nginx`" in words, words
+    assert (inventory / fleet.NGINX_FILE).is_file()
+
+
 def test_lab_hosts_beyond_the_inotify_limit_are_refused_with_the_fix():
     from inferfleet.lab import fleet
 

@@ -1,5 +1,6 @@
 """`inferfleet lab`: the local lab. Containers as hosts, SeaweedFS as S3, a tiny model,
-and a real deployment of it with site.yml: two vLLM replicas behind HAProxy."""
+and a real deployment of it with site.yml: two vLLM replicas behind HAProxy (and Nginx
+beside it, with --nginx)."""
 
 from __future__ import annotations
 
@@ -93,6 +94,12 @@ def up(
         help="vllm (its CPU build, one core each), or sim: a SIMULATED GPU engine per node "
         "(docs/engine.md), for fleet-scale and routing tests.",
     ),
+    nginx: bool = typer.Option(
+        False,
+        "--nginx",
+        help="A second load balancer, Nginx, beside HAProxy: the same engines and keys, "
+        "a second endpoint.",
+    ),
 ) -> None:
     """Build the lab and deploy the tiny model on it; print a working endpoint."""
     from inferfleet.lab.wheelhouse import ensure_wheelhouse
@@ -109,13 +116,16 @@ def up(
     if models == 2 and (nodes, engine) != (2, "vllm"):
         fail("--models 2 puts the second model on a third vLLM node: leave out --nodes, --engine")
     require_lab()
-    # A running lab may grow (more nodes, a second model), not shrink or change its engine.
+    # A running lab may grow (more nodes, a second model, Nginx), not shrink or change its
+    # engine.
     was_nodes, was_engine = fleet.read_nodes(LAB_INVENTORY)
     was_models = 2 if (LAB_INVENTORY / "models.yml").is_file() else 1
+    was_nginx = (LAB_INVENTORY / fleet.NGINX_FILE).is_file()
     if services.containers(LAB_NAME) and (
-        was_engine != engine or was_nodes > nodes or was_models > models
+        was_engine != engine or was_nodes > nodes or was_models > models or was_nginx > nginx
     ):
         was = "--models 2" if was_models == 2 else f"--nodes {was_nodes} --engine {was_engine}"
+        was += " --nginx" if was_nginx else ""
         fail(f"the lab runs as `lab up {was}`: run `inferfleet lab down` first, or `lab up {was}`")
     try:
         image = ensure_node_image(log=console.print)
@@ -135,6 +145,7 @@ def up(
         if services.publish_tiny(lab, bucket, prefix, model, model_version, seed, workdir=CACHE):
             console.print(f"published a tiny model to s3://{bucket}/{prefix}/{model}/{model_version}")
     fleet.write_models(LAB_INVENTORY, models)
+    fleet.write_nginx(LAB_INVENTORY, nginx)
     fleet.write_nodes(LAB_INVENTORY, nodes, engine)
     groups = fleet.inventory_hosts(LAB_INVENTORY)
     hosts = [h for members in groups.values() for h in members]
@@ -145,11 +156,11 @@ def up(
         fleet.create(LAB_NAME, lab.network, image, hosts, wheelhouse)
     except fleet.BootError as err:
         fail(str(err))
-    lb = groups["loadbalancers"][0]
+    balancers = groups["loadbalancers"]
     state = fleet.write_state(
         LAB_INVENTORY,
         {h: fleet.address(h, lab.network) for h in hosts},
-        tls_host=lb if tls else None,
+        tls_hosts=balancers if tls else None,
     )
     console.print(f"lab hosts up: {', '.join(hosts)}")
     if not deploy:
@@ -159,18 +170,19 @@ def up(
     if result.rc:
         raise typer.Exit(result.rc)
     console.print("\n[bold green]The lab serves.[/] Try:\n")
-    for model, _, _ in served:
-        console.print(
-            curl_example(
-                fleet.address(lb, lab.network),
-                settings["load_balancer_port"],
-                state["inferfleet_lab_api_key"],
-                model,
-                fleet.ca_file(LAB_INVENTORY) if tls else None,
-            ),
-            soft_wrap=True,
-            highlight=False,
-        )
+    for lb in balancers:  # each model at HAProxy, then at Nginx
+        for model, _, _ in served:
+            console.print(
+                curl_example(
+                    fleet.address(lb, lab.network),
+                    settings["load_balancer_port"],
+                    state["inferfleet_lab_api_key"],
+                    model,
+                    fleet.ca_file(LAB_INVENTORY) if tls else None,
+                ),
+                soft_wrap=True,
+                highlight=False,
+            )
 
 
 @app.command()

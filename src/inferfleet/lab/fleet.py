@@ -5,7 +5,8 @@ addresses back, and `write_state` writes the generated parts of the inventory:
 host_vars/ with each host's address, group_vars/all/secrets.yml (mode 0600) with keys
 (and, for `lab up --tls`, the load balancer's certificate), and `ca_file` the lab's CA.
 `write_models` adds the hosts of the lab's second model (`lab up --models 2`) as an
-inventory source of their own, models.yml; `write_nodes` the engine nodes past the first
+inventory source of their own, models.yml; `write_nginx` a second load balancer, Nginx,
+beside HAProxy (`lab up --nginx`), nginx.yml; `write_nodes` the engine nodes past the first
 two and the engine they run (`lab up --nodes N --engine sim`), nodes.yml.
 """
 
@@ -49,6 +50,10 @@ SIM_ENGINE_VARS = {"inference_engine_runtime": "sim"}
 SIM_BALANCER_VARS = {"load_balancer_rate_limit_requests": 100000}
 ENGINES = ("vllm", "sim")
 NODES_FILE = "nodes.yml"
+# `lab up --nginx`: an Nginx load balancer in front of the same engines, with the same
+# keys; two endpoints without a shared address (a floating one is molecule/lb's).
+NGINX_HOST = "inferfleet-lab-nginx"
+NGINX_FILE = "nginx.yml"
 
 
 def node_name(index: int) -> str:
@@ -57,7 +62,7 @@ def node_name(index: int) -> str:
 
 def inventory_hosts(inventory: Path) -> dict[str, list[str]]:
     groups: dict[str, list[str]] = {}
-    for source in ("hosts.yml", "models.yml", NODES_FILE):
+    for source in ("hosts.yml", "models.yml", NGINX_FILE, NODES_FILE):
         if (inventory / source).is_file():
             children = yaml.safe_load((inventory / source).read_text())["all"]["children"]
             for group, spec in children.items():
@@ -84,6 +89,29 @@ def write_models(inventory: Path, models: int) -> None:
     )
 
 
+def write_nginx(inventory: Path, on: bool) -> None:
+    """On, nginx.yml lists NGINX_HOST in `loadbalancers` (kind nginx) and says that the
+    lab's load balancers share no address; off, there is no such file."""
+    path = inventory / NGINX_FILE
+    if not on:
+        path.unlink(missing_ok=True)
+        return
+    own = yaml.safe_load((inventory / "hosts.yml").read_text())["all"]["children"]
+    hosts = {lb: {"load_balancer_ha": "none"} for lb in own["loadbalancers"]["hosts"]}
+    hosts[NGINX_HOST] = {"load_balancer_kind": "nginx", "load_balancer_ha": "none"}
+    path.write_text(
+        "---\n# written by `inferfleet lab up --nginx`: a second load balancer, Nginx\n"
+        + yaml.safe_dump({"all": {"children": {"loadbalancers": {"hosts": hosts}}}})
+    )
+
+
+def balancers(inventory: Path) -> list[str]:
+    """The lab's load balancers: its own (hosts.yml), and Nginx after `lab up --nginx`."""
+    own = yaml.safe_load((inventory / "hosts.yml").read_text())["all"]["children"]
+    extra = [NGINX_HOST] if (inventory / NGINX_FILE).is_file() else []
+    return [*own["loadbalancers"]["hosts"], *extra]
+
+
 def write_nodes(inventory: Path, nodes: int, engine: str) -> None:
     """nodes.yml: engine nodes 1 to `nodes` in `inference` and, under `sim`, the engine
     settings as host variables (an inventory source's group variables rank below the lab's
@@ -93,7 +121,6 @@ def write_nodes(inventory: Path, nodes: int, engine: str) -> None:
         path.unlink(missing_ok=True)
         return
     sim = engine == "sim"
-    own = yaml.safe_load((inventory / "hosts.yml").read_text())["all"]["children"]
     children = {  # a dict per host: no YAML aliases in the file
         "inference": {
             "hosts": {node_name(i): dict(SIM_ENGINE_VARS) if sim else None
@@ -101,7 +128,7 @@ def write_nodes(inventory: Path, nodes: int, engine: str) -> None:
         },
         "loadbalancers": {
             "hosts": {lb: dict(SIM_BALANCER_VARS) if sim else None
-                      for lb in own["loadbalancers"]["hosts"]}
+                      for lb in balancers(inventory)}
         },
     }
     path.write_text(
@@ -216,11 +243,12 @@ def address(host: str, network: str) -> str:
 
 
 def write_state(
-    inventory: Path, addresses: dict[str, str], tls_host: str | None = None
+    inventory: Path, addresses: dict[str, str], tls_hosts: list[str] | None = None
 ) -> dict:
-    """Write host_vars and (once) the secrets file; return the secrets. With `tls_host`
-    (the load balancer), the secrets hold a certificate for it from a lab CA of their own
-    (kept while the lab lives), and `ca_file` that CA for clients; without, neither."""
+    """Write host_vars and (once) the secrets file; return the secrets. With `tls_hosts`
+    (the load balancers), the secrets hold a certificate for them from a lab CA of their
+    own (kept while the lab lives and it names them all; issued again, with a new CA, when
+    one is added), and `ca_file` that CA for clients; without, neither."""
     host_vars = inventory / "host_vars"
     host_vars.mkdir(exist_ok=True)
     for host, addr in addresses.items():
@@ -234,13 +262,16 @@ def write_state(
         "inferfleet_lab_s3_access_key": S3_ACCESS_KEY,
         "inferfleet_lab_s3_secret_key": S3_SECRET_KEY,
     }
-    if tls_host is None:
+    if not tls_hosts:
         values = {k: v for k, v in values.items() if not k.startswith("inferfleet_lab_tls_")}
         ca_file(inventory).unlink(missing_ok=True)
-    elif "inferfleet_lab_tls_key" not in values:
-        issued = tls.issue(tls_host, addresses[tls_host])
-        values |= {f"inferfleet_lab_tls_{k}": v for k, v in issued.items()}
-    if tls_host is not None:
+    else:
+        names = {*tls_hosts, *(addresses[h] for h in tls_hosts)}
+        if "inferfleet_lab_tls_key" not in values or not names <= tls.names(
+            values["inferfleet_lab_tls_certificate"]
+        ):
+            issued = tls.issue({h: addresses[h] for h in tls_hosts})
+            values |= {f"inferfleet_lab_tls_{k}": v for k, v in issued.items()}
         ca_file(inventory).write_text(values["inferfleet_lab_tls_ca"])
     secrets_file.touch(mode=0o600)
     secrets_file.chmod(0o600)
@@ -254,6 +285,7 @@ def remove_state(inventory: Path) -> None:
     for path in (inventory / "host_vars").glob("*.yml"):
         path.unlink()
     (inventory / "models.yml").unlink(missing_ok=True)
+    (inventory / NGINX_FILE).unlink(missing_ok=True)
     (inventory / NODES_FILE).unlink(missing_ok=True)
     (inventory / "group_vars" / "all" / "secrets.yml").unlink(missing_ok=True)
     ca_file(inventory).unlink(missing_ok=True)

@@ -1,5 +1,5 @@
 """The lab's TLS (`inferfleet lab up --tls`): a CA of its own and a certificate for the
-load balancer signed by it, naming the host and its address. The CA's certificate is
+load balancers signed by it, naming each host and its address. The CA's certificate is
 public (clients trust it: curl --cacert, the openai SDK); the server's key is written
 only to the lab's private inventory file (mode 0600)."""
 
@@ -37,9 +37,9 @@ def _pem(cert: x509.Certificate) -> str:
     return cert.public_bytes(serialization.Encoding.PEM).decode()
 
 
-def issue(host: str, address: str) -> dict[str, str]:
-    """{ca, certificate, key} (PEM): a fresh CA, and a certificate for `host` and
-    `address` (its IP) that it signed, valid for DAYS days."""
+def issue(hosts: dict[str, str]) -> dict[str, str]:
+    """{ca, certificate, key} (PEM): a fresh CA, and one certificate for every host and
+    its address (IP) in `hosts` that it signed, valid for DAYS days."""
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (
@@ -63,10 +63,14 @@ def issue(host: str, address: str) -> dict[str, str]:
     )
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
-        _builder(host, ca.subject, key, now)
+        _builder(next(iter(hosts)), ca.subject, key, now)
         .add_extension(
             x509.SubjectAlternativeName(
-                [x509.DNSName(host), x509.IPAddress(ipaddress.ip_address(address))]
+                [
+                    name
+                    for host, address in hosts.items()
+                    for name in (x509.DNSName(host), x509.IPAddress(ipaddress.ip_address(address)))
+                ]
             ),
             critical=False,
         )
@@ -80,3 +84,12 @@ def issue(host: str, address: str) -> dict[str, str]:
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     ).decode()
     return {"ca": _pem(ca), "certificate": _pem(cert), "key": key_pem}
+
+
+def names(certificate: str) -> set[str]:
+    """The host names and addresses a certificate (PEM) is for."""
+    cert = x509.load_pem_x509_certificate(certificate.encode())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return set(san.get_values_for_type(x509.DNSName)) | {
+        str(a) for a in san.get_values_for_type(x509.IPAddress)
+    }
