@@ -46,25 +46,45 @@ def _find(doc, name: str):
     return None, None
 
 
-def group_file(inventory: Path, group: str = SERVING) -> Path:
-    """The YAML file of `inventory` (a file or a directory) that lists `group`'s hosts."""
+def group_file(inventory: Path, hosts: Iterable[str] = ()) -> Path:
+    """The YAML file of `inventory` (a file or a directory) to edit for `hosts`: the one
+    that lists them under the serving or standby group, else the first that lists hosts
+    under the serving group."""
     candidates = (
         [inventory]
         if inventory.is_file()
         else sorted(p for p in inventory.iterdir() if p.suffix in (".yml", ".yaml"))
     )
+    listed: dict[Path, set[str]] = {}  # file -> the hosts of its serving and standby groups
     for path in candidates:
         try:
             _, doc = _load(path.read_text())
         except Exception:  # noqa: BLE001 (not a YAML inventory: look at the next file)
             continue
-        found, _ = _find(doc, group)
+        found, _ = _find(doc, SERVING)
         if found is not None and found.get("hosts") is not None:
-            return path
-    raise InventoryEditError(
-        f"no YAML file of {inventory} lists hosts under a `{group}` group: inferfleet scale "
-        "edits YAML inventories only; move the hosts by hand and run playbooks/scale.yml"
-    )
+            standby, _ = _find(doc, STANDBY)
+            listed[path] = {*found["hosts"], *((standby or {}).get("hosts") or {})}
+    if not listed:
+        raise InventoryEditError(
+            f"no YAML file of {inventory} lists hosts under a `{SERVING}` group: inferfleet "
+            "scale edits YAML inventories only; move the hosts by hand and run "
+            "playbooks/scale.yml"
+        )
+    where = {h: [p.name for p, names in listed.items() if h in names] for h in hosts}
+    for host, files in where.items():
+        if len(files) > 1:
+            raise InventoryEditError(
+                f"{host} is listed in {' and '.join(files)} of {inventory}: inferfleet scale "
+                "moves a host listed in one file; list it in one, or move it by hand"
+            )
+    files = sorted({f[0] for f in where.values() if f})
+    if len(files) > 1:
+        raise InventoryEditError(
+            f"{', '.join(where)} are listed in {' and '.join(files)}: scale the hosts of "
+            "one file at a time"
+        )
+    return inventory / files[0] if files else next(iter(listed))
 
 
 def _hosts(group) -> CommentedMap:

@@ -114,9 +114,26 @@ def test_the_file_that_lists_the_group_is_found_in_a_directory(tmp_path):
     (tmp_path / "a.yml").write_text("all:\n  hosts:\n    x:\n")
     (tmp_path / "b.yml").write_text(LAB)
     assert edit.group_file(tmp_path) == tmp_path / "b.yml"
+    assert edit.group_file(tmp_path, ["node9"]) == tmp_path / "b.yml"  # a new host
     (tmp_path / "b.yml").write_text("[inference]\nnode1\n")
     with pytest.raises(edit.InventoryEditError, match="edits YAML inventories only"):
         edit.group_file(tmp_path)
+
+
+def test_the_file_that_lists_the_hosts_is_the_one_edited(tmp_path):
+    """A directory inventory of several sources (the simulated lab's nodes.yml beside
+    hosts.yml): a host is moved in the file that lists it, serving or on standby; one
+    listed in two files, or hosts of two files at once, are refused naming them."""
+    (tmp_path / "hosts.yml").write_text(LAB)
+    nodes = "all:\n  children:\n    inference:\n      hosts:\n        node2:\n        node6:\n"
+    (tmp_path / "nodes.yml").write_text(nodes)
+    assert edit.group_file(tmp_path, ["node6"]) == tmp_path / "nodes.yml"
+    (tmp_path / "nodes.yml").write_text(edit.leave(nodes, ["node6"]))
+    assert edit.group_file(tmp_path, ["node6"]) == tmp_path / "nodes.yml"  # back from standby
+    with pytest.raises(edit.InventoryEditError, match="node2 is listed in hosts.yml and nodes.yml"):
+        edit.group_file(tmp_path, ["node2"])
+    with pytest.raises(edit.InventoryEditError, match="node1, node6 are listed in hosts.yml and"):
+        edit.group_file(tmp_path, ["node1", "node6"])
 
 
 def test_the_filters_name_whole_instances():

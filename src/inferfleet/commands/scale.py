@@ -79,7 +79,7 @@ def scale(
     extra_vars = parse_extra_vars(extra)
     serves = _model_vars(path, model) if model is not None else {}
     try:
-        hosts_file = inventory_edit.group_file(path)
+        hosts_file = inventory_edit.group_file(path, joining or leaving)
         before = hosts_file.read_text()
         after = (
             inventory_edit.join(before, joining, instance, serves)
