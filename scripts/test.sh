@@ -4,8 +4,10 @@
 # the CPU: the heavy lane runs the install test (the installed CLI's whole path on the
 # lab, with two models on three engines), molecule/replicated (the longest), then
 # molecule/gpu_host; the other runs molecule/pipeline, then everything else (lint, unit
-# tests, the lab's services, molecule default and lb). The second lane prints as it goes,
-# the heavy lane's output follows when it ends.
+# tests, the lab's services, molecule default and lb, the simulated fleet). The second
+# lane prints as it goes, the heavy lane's output follows when it ends. The install test
+# and the simulated fleet's both run the lab (its container names): one waits for the
+# other (tests/conftest.py, lab_names).
 # Extra arguments go to both lanes' pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."

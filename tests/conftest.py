@@ -71,6 +71,22 @@ def node_image() -> str:
     return tag
 
 
+@pytest.fixture
+def lab_names():
+    """The lab's container names (inferfleet-lab-*) for one test at a time: `make test`'s
+    lanes run the install test and the simulated fleet's at once otherwise. A lab that
+    runs already (a developer's) is left alone, and the test fails saying so."""
+    with _exclusive("lab"):
+        running = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", "label=inferfleet.lab=inferfleet-lab"],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()
+        if running:
+            pytest.fail(f"a lab runs here ({len(running)} containers): the test needs its "
+                        "names; take it down with `inferfleet lab down`", pytrace=False)
+        yield
+
+
 @pytest.fixture(scope="session")
 def venv_bin() -> Path:
     """The virtualenv's bin folder, first on PATH for tools run by the tests."""

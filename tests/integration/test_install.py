@@ -552,7 +552,7 @@ def _no_secret_leaks(inventory: Path, hosts: list, runs: Path, since: float) -> 
     assert secret_leaks(secrets, hosts, runs, since) == []
 
 
-def test_the_installed_cli_runs_the_lab(installed, node_image, wheelhouse):
+def test_the_installed_cli_runs_the_lab(installed, node_image, wheelhouse, lab_names):
     """node_image and wheelhouse: built under the suite's locks, found by `lab up`."""
     cli, work, env = installed["bin"] / "inferfleet", installed["work"], installed["env"]
     inventory = installed["lab_inventory"]

@@ -1,0 +1,108 @@
+"""A small fleet of SIMULATED GPU engines through the operator's life cycle, in minutes.
+
+`inferfleet lab up --nodes 6 --engine sim --nginx` runs site.yml over six nodes whose
+engine is the inference_engine role's sim runtime (docs/engine.md: a stand-in for a
+GPU-backed vLLM, installed and run like it), behind HAProxy and Nginx. Every command runs
+through Mitogen's strategy (INFERFLEET_MITOGEN=1), which the other scenarios leave off:
+- a second deploy changes nothing;
+- `verify`: every node healthy, one greedy answer from every node and both load
+  balancers, the load spread over all six;
+- `rollout --version v2` under load through both load balancers: no request fails, every
+  node on v2;
+- `scale --remove` of node6 under load, then `scale --add`: no request fails, the fleet
+  serves on five nodes, then six, and node6 is listed where it was (nodes.yml).
+The real vLLM CPU build stays in every functional scenario (the install test, molecule);
+fleet-scale timings are benchmarks/fleet_scale.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from inferfleet import paths
+from inferfleet import verify as v
+from inferfleet.lab import fleet
+
+pytestmark = pytest.mark.lab
+
+NODES = [fleet.node_name(i) for i in range(1, 7)]
+
+
+def _cli(bin_dir: Path, env: dict, *args: str, timeout: int = 900) -> str:
+    done = subprocess.run(
+        [str(bin_dir / "inferfleet"), *args], env=env, capture_output=True, text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, f"inferfleet {' '.join(args)}: rc {done.returncode}\n" + (
+        done.stdout[-4000:] + done.stderr[-3000:]
+    )
+    return done.stdout
+
+
+def _record(out: str) -> dict:
+    return json.loads(Path(out.rsplit("record: ", 1)[1].split()[0]).read_text())
+
+
+def _serving(bin_dir: Path, env: dict) -> dict[str, str]:
+    """host -> model version of each node `status` lists, all healthy."""
+    nodes = json.loads(_cli(bin_dir, env, "status", "--json"))["nodes"]
+    assert all(n["healthy"] and n["unit"] == "active" for n in nodes), nodes
+    return {n["host"]: n["model_version"] for n in nodes}
+
+
+def test_a_simulated_fleet_deploys_verifies_rolls_and_scales(
+    tmp_path, node_image, venv_bin, lab_names
+):
+    env = dict(os.environ, INFERFLEET_MITOGEN="1", INFERFLEET_RUNS_DIR=str(tmp_path / "runs"))
+    inventory = paths.LAB_INVENTORY
+    try:
+        _cli(venv_bin, env, "lab", "up", "--nodes", "6", "--engine", "sim", "--nginx",
+             timeout=1200)
+        balancers = fleet.inventory_hosts(inventory)["loadbalancers"]
+        assert balancers == ["inferfleet-lab-lb", fleet.NGINX_HOST], balancers
+
+        again = _record(_cli(venv_bin, env, "deploy"))
+        assert (again["rc"], again["mitogen"]) == (0, True), again
+        assert sorted(again["stats"]["ok"]) == sorted([*NODES, *balancers]), again["stats"]
+        assert sum(again["stats"]["changed"].values()) == 0, again["stats"]["changed"]
+
+        report = json.loads(_cli(venv_bin, env, "verify", "--json", "--count", "60"))
+        assert report["ok"], report["checks"]
+        passed = {c["check"] for c in report["checks"] if c["passed"]}
+        assert {f"healthy {n}" for n in NODES} | {"identical greedy answers"} <= passed
+        same = next(c for c in report["checks"] if c["check"] == "identical greedy answers")
+        assert same["detail"].startswith(f"{len(NODES) + len(balancers)} answers"), same
+        assert report["load"]["sent"] == 60 and report["load"]["failed"] == 0, report["load"]
+
+        secrets = yaml.safe_load((inventory / "group_vars/all/secrets.yml").read_text())
+        key = secrets["inferfleet_lab_api_key"]
+        bases = []
+        for lb in balancers:
+            address = yaml.safe_load((inventory / "host_vars" / f"{lb}.yml").read_text())
+            bases.append(f"http://{address['inferfleet_address']}:8080")
+        _cli(venv_bin, env, "lab", "publish", "v2")
+        with v.LoadLoop(bases, "tiny-llama", key, workers=2, pause=0.2) as load:
+            _cli(venv_bin, env, "rollout", "--version", "v2")
+        assert len(load.calls) >= 20 and not load.failed(), (len(load.calls), load.failed()[:3])
+        assert _serving(venv_bin, env) == dict.fromkeys(NODES, "v2")
+
+        with v.LoadLoop(bases, "tiny-llama", key, workers=2, pause=0.2) as load:
+            _cli(venv_bin, env, "scale", "--remove", NODES[-1])
+            assert sorted(_serving(venv_bin, env)) == sorted(NODES[:-1])
+            standby = yaml.safe_load((inventory / fleet.NODES_FILE).read_text())
+            assert NODES[-1] in standby["all"]["children"]["standby"]["hosts"], standby
+            _cli(venv_bin, env, "scale", "--add", NODES[-1])
+        assert len(load.calls) >= 10 and not load.failed(), (len(load.calls), load.failed()[:3])
+        assert _serving(venv_bin, env) == dict.fromkeys(NODES, "v2")
+        listed = yaml.safe_load((inventory / fleet.NODES_FILE).read_text())["all"]["children"]
+        assert NODES[-1] in listed["inference"]["hosts"] and "standby" not in listed, listed
+    finally:
+        down = subprocess.run([str(venv_bin / "inferfleet"), "lab", "down"], env=env,
+                              capture_output=True, text=True, timeout=300)
+    assert down.returncode == 0, down.stdout + down.stderr
