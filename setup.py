@@ -23,7 +23,9 @@ LAB_INVENTORY = Path("inventories", "lab")
 LAB_INVENTORY_DATA = Path("inferfleet", "lab", "inventory")
 # What `inferfleet lab up` generates in the lab's inventory (inferfleet.lab.fleet.write_state;
 # .gitignore keeps the same out of git)
-LAB_GENERATED = ["host_vars", "state", "group_vars/all/secrets.yml", "models.yml"]
+LAB_GENERATED = [
+    "host_vars", "state", "group_vars/all/secrets.yml", "models.yml", "nginx.yml", "nodes.yml"
+]
 
 
 def files_under(top: Path, ignore: list[str]) -> list[str]:

@@ -3,7 +3,7 @@
 `create` starts what is missing (and reuses what runs), `addresses` reads their
 addresses back, and `write_state` writes the generated parts of the inventory:
 host_vars/ with each host's address, group_vars/all/secrets.yml (mode 0600) with keys
-(and, for `lab up --tls`, the load balancer's certificate), and `ca_file` the lab's CA.
+(and, for `lab up --tls`, the load balancers' certificate), and `ca_file` the lab's CA.
 `write_models` adds the hosts of the lab's second model (`lab up --models 2`) as an
 inventory source of their own, models.yml; `write_nginx` a second load balancer, Nginx,
 beside HAProxy (`lab up --nginx`), nginx.yml; `write_nodes` the engine nodes past the first
