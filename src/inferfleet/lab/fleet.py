@@ -96,8 +96,7 @@ def write_nginx(inventory: Path, on: bool) -> None:
     if not on:
         path.unlink(missing_ok=True)
         return
-    own = yaml.safe_load((inventory / "hosts.yml").read_text())["all"]["children"]
-    hosts = {lb: {"load_balancer_ha": "none"} for lb in own["loadbalancers"]["hosts"]}
+    hosts = {lb: {"load_balancer_ha": "none"} for lb in _own_balancers(inventory)}
     hosts[NGINX_HOST] = {"load_balancer_kind": "nginx", "load_balancer_ha": "none"}
     path.write_text(
         "---\n# written by `inferfleet lab up --nginx`: a second load balancer, Nginx\n"
@@ -105,11 +104,16 @@ def write_nginx(inventory: Path, on: bool) -> None:
     )
 
 
+def _own_balancers(inventory: Path) -> list[str]:
+    """The load balancers the lab's own hosts.yml lists."""
+    own = yaml.safe_load((inventory / "hosts.yml").read_text())["all"]["children"]
+    return list(own["loadbalancers"]["hosts"])
+
+
 def balancers(inventory: Path) -> list[str]:
     """The lab's load balancers: its own (hosts.yml), and Nginx after `lab up --nginx`."""
-    own = yaml.safe_load((inventory / "hosts.yml").read_text())["all"]["children"]
     extra = [NGINX_HOST] if (inventory / NGINX_FILE).is_file() else []
-    return [*own["loadbalancers"]["hosts"], *extra]
+    return [*_own_balancers(inventory), *extra]
 
 
 def write_nodes(inventory: Path, nodes: int, engine: str) -> None:
