@@ -82,7 +82,7 @@ def fabric_problems(members, settings):
                 f"{m['host']}: /dev/shm is {shm if shm is not None else 'missing'} MiB, "
                 f"below {shm_min} MiB"
             )
-    problems += _link_problems(members, settings)
+    problems += link_problems(members, settings)
     keys = [("engine_version", "engine versions")]
     if settings.get("accelerator") == "nvidia":
         keys = [
@@ -96,7 +96,7 @@ def fabric_problems(members, settings):
     return problems
 
 
-def _link_problems(members, settings):
+def link_problems(members, settings):
     """Each measured link (a member to the next by rank) against what the pipeline needs
     (`inferfleet plan`'s group network): both figures named."""
     problems = []

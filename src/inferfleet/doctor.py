@@ -4,7 +4,8 @@ finding per problem, with the hosts, the evidence, the likely cause and the fix.
 
 The cases (docs/troubleshooting.md): an engine that cannot start for memory; instances
 of one model that differ (answer, weights, engine, settings); a backend a load balancer
-holds down; requests queueing; and what could not be read at all.
+holds down; requests queueing; a pipeline link slower than the pipeline needs; and what
+could not be read at all.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import shlex
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from ansible_collections.inferfleet.fleet.plugins.filter.fabric_preflight import link_problems
 from ansible_collections.inferfleet.fleet.plugins.module_utils.engine_args import MANAGED_FLAGS
 
 from inferfleet.verify import metric_sums
@@ -22,7 +24,7 @@ from inferfleet.verify import metric_sums
 
 @dataclass
 class Finding:
-    case: str  # memory, answers, backend, queue, unreachable
+    case: str  # memory, answers, backend, queue, link, unreachable
     hosts: list[str]
     symptom: str
     evidence: list[str] = field(default_factory=list)
@@ -122,9 +124,66 @@ def recent(lines: list[str]) -> list[str]:
     return lines[starts[-2] if len(starts) > 1 else 0:]
 
 
-def memory(nodes: dict, evidence: dict) -> list[Finding]:
+GIB = 1024**3
+
+
+def node_memory(text: str) -> str | None:
+    """The node's memory and the model folder's size (the role's "memory" read) as a line."""
+    kb = dict(re.findall(r"^(MemTotal|MemAvailable):\s+(\d+)", text, re.M))
+    model = re.search(r"^model: (\d+)", text, re.M)
+    if "MemTotal" not in kb:
+        return None
+    line = (f"node memory: {int(kb.get('MemAvailable', 0)) / 1024**2:.1f} GiB available of "
+            f"{int(kb['MemTotal']) / 1024**2:.1f} GiB")
+    if model:
+        size = int(model.group(1))
+        line += "; the model's folder " + (
+            f"{size / GIB:.2f} GiB" if size >= GIB else f"{size / 1024**2:.0f} MiB")
+    return line
+
+
+def gpu_memory(text: str) -> list[str]:
+    """Each GPU's memory and the processes other than the engine's that hold it, from the
+    role's "gpus" read (nvidia-smi's GPUs, their compute processes, the engine's pids)."""
+    parts = (text.split("---") + ["", ""])[:3]
+    rows = [[c.strip() for c in line.split(",")] for line in parts[0].splitlines() if line.strip()]
+    apps = [[c.strip() for c in line.split(",")] for line in parts[1].splitlines() if line.strip()]
+    engine = set(parts[2].split())
+    lines = []
+    for row in rows:
+        if len(row) < 4:
+            continue
+        index, uuid, used, total = row[:4]
+        others = [f"pid {a[1]} {a[2]} ({a[3]} MiB)" for a in apps
+                  if len(a) >= 4 and a[0] == uuid and a[1] not in engine]
+        lines.append(f"GPU {index}: {used} of {total} MiB used; "
+                     + ("held by other processes: " + ", ".join(others) if others
+                        else "no process but the engine's holds it"))
+    return lines
+
+
+def plan_line(plan: dict) -> str | None:
+    """The capacity plan's per-GPU figures for the inventory's model and hardware."""
+    if not plan:
+        return None
+    if plan.get("error"):
+        return f"capacity plan: none ({plan['error']})"
+    gpu, hw = plan.get("per_gpu") or {}, plan.get("hardware") or {}
+    if not gpu:
+        return (f"capacity plan ({plan.get('decision')}): nothing fits {hw.get('gpus_per_node')} "
+                f"GPU(s) x {hw.get('gpu_memory_gib')} GiB per node; short by "
+                f"{plan.get('shortfall_gib')} GiB per GPU")
+    return (f"capacity plan for {hw.get('gpus_per_node')} GPU(s) x {hw.get('gpu_memory_gib')} "
+            f"GiB per node: TP {plan.get('tensor_parallel_size')} x PP "
+            f"{plan.get('pipeline_parallel_size')}, per GPU weights {gpu.get('weights_gib')} GiB "
+            f"+ overhead {gpu.get('overhead_gib')} GiB + KV cache {gpu.get('kv_cache_gib')} GiB "
+            f"of {gpu.get('usable_gib')} GiB usable")
+
+
+def memory(nodes: dict, evidence: dict, plan: dict | None = None) -> list[Finding]:
     """An engine that fails to start (not healthy, and not stopped cleanly) whose last
-    starts' log, or systemd, says memory ran out."""
+    starts' log, or systemd, says memory ran out; with the node's memory, its GPUs' and
+    who holds them, and the capacity plan's per-GPU figures where the inventory has one."""
     found = []
     for host, node in sorted(nodes.items()):
         ev = evidence.get(host) or {}
@@ -151,11 +210,14 @@ def memory(nodes: dict, evidence: dict) -> list[Finding]:
         kv = environment(ev.get("environment") or "").get("VLLM_CPU_KVCACHE_SPACE")
         if kv:
             settings.append(f"VLLM_CPU_KVCACHE_SPACE={kv} GiB")
+        figures = [node_memory(ev.get("memory") or ""), *gpu_memory(ev.get("gpus") or ""),
+                   plan_line(plan or {})]
         found.append(Finding(
             "memory", [host],
             f"{host}: the engine does not start (unit {node.get('unit', '?')}, "
             f"{ev.get('restarts', 0)} restarts): memory",
-            [f"log: {line}", "runs with: " + (", ".join(settings) or "vLLM's defaults")],
+            [f"log: {line}", "runs with: " + (", ".join(settings) or "vLLM's defaults")]
+            + [f for f in figures if f],
             cause, fix + "; then `inferfleet deploy`",
         ))
     return found
@@ -163,12 +225,17 @@ def memory(nodes: dict, evidence: dict) -> list[Finding]:
 
 # --- instances of one model that differ -----------------------------------------------
 
-# Flags that differ between nodes by design (addresses, ranks) or only size capacity.
+# Flags that differ between nodes by design (addresses, ranks), only size capacity, or
+# lay an instance out (its parallelism, how its processes run): one model may run as a
+# pipeline beside single-node instances, with the same answers.
 NODE_FLAGS = {"--host", "--port", "--master-addr", "--master-port", "--node-rank", "--nnodes",
               "--headless", "--shutdown-timeout", "--max-num-seqs", "--gpu-memory-utilization",
-              "--device-memory-utilization", "--api-key"}
+              "--device-memory-utilization", "--api-key", "--pipeline-parallel-size",
+              "--tensor-parallel-size", "--data-parallel-size", "--distributed-executor-backend",
+              "--enforce-eager"}
 NODE_ENV = {"VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "RAY_ADDRESS",
-            "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "INFERFLEET_MODEL_REVISION"}
+            "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "INFERFLEET_MODEL_REVISION",
+            "VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS"}
 
 
 def _differ(what: str, values: dict[str, str], lines: list[str], odd: set[str]) -> None:
@@ -397,6 +464,46 @@ def queue(nodes: dict, evidence: dict, balancers: dict) -> list[Finding]:
     return found
 
 
+# --- a slow link between pipeline members ---------------------------------------------
+
+def links(measured: dict) -> list[Finding]:
+    """Each pipeline member's link to the next by rank, measured again by doctor.yml,
+    against what the pipeline needs of it (the inventory's fabric_preflight_min_bandwidth_
+    gbit and fabric_preflight_max_rtt_ms, which `inferfleet plan --write-vars` writes):
+    the fabric preflight's own judgement (one owner), one finding per slow link."""
+    found = []
+    for host, seen in sorted(measured.items()):
+        link = seen.get("link")
+        if not link:
+            continue
+        need = seen.get("need") or {}
+        problems = link_problems([{"host": host, "link": link}], need)
+        if not problems:
+            continue
+        unmeasured = link.get("gbit") is None or link.get("rtt_ms") is None
+        wanted = (f"the pipeline needs at least {float(need.get('min_bandwidth_gbit') or 0):g} "
+                  f"Gbit/s and a round trip of at most {float(need.get('max_rtt_ms') or 0):g} ms "
+                  "(0: not set)")
+        found.append(Finding(
+            "link", [host, link["to"]],
+            f"pipeline {seen.get('instance', '?')}: the link {host} -> {link['to']} "
+            + ("could not be measured" if unmeasured else "is slower than the pipeline needs"),
+            problems + [wanted],
+            "the members reach each other over a network the pipeline cannot use at speed: "
+            "another interface or route than the fast one, a shaped or congested link, or a "
+            "firewall in the way of the test" if not unmeasured else
+            "the link test could not run between them (its tools or port)",
+            "check the route and interface between them (fabric_preflight_interface, "
+            "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME through inference_engine_extra_env) and "
+            "whatever shapes the link (`tc qdisc show` on both); `inferfleet plan` says what "
+            "each link needs, and whether the model fits one node (replicas need no such link)"
+            if not unmeasured else
+            "`inferfleet deploy` installs ping and iperf3 (the fabric preflight's link test) "
+            "and opens fabric_preflight_link_port between the members",
+        ))
+    return found
+
+
 def unreachable(failures: list[str]) -> list[Finding]:
     """Hosts the run could not read: nothing else about them can be judged."""
     return [Finding("unreachable", [], "the doctor could not read every host", list(failures),
@@ -411,6 +518,7 @@ def diagnose(data: dict, replies: dict, failures: list[str]) -> list[Finding]:
     nodes = data.get("inferfleet_status_nodes") or {}
     evidence = data.get("inferfleet_doctor_nodes") or {}
     balancers = data.get("inferfleet_doctor_balancers") or {}
-    return (memory(nodes, evidence) + answers(nodes, evidence, replies)
+    return (memory(nodes, evidence, data.get("inferfleet_doctor_plan"))
+            + answers(nodes, evidence, replies)
             + backends(nodes, evidence, balancers) + queue(nodes, evidence, balancers)
-            + unreachable(failures))
+            + links(data.get("inferfleet_doctor_links") or {}) + unreachable(failures))

@@ -98,6 +98,54 @@ def test_each_memory_error_gets_its_own_fix():
         assert fix in f.fix, (line, f.fix)
 
 
+MEMINFO = "MemTotal:       24576000 kB\nMemAvailable:   10485760 kB\nmodel: 2684354560\n"
+SMI = """0, GPU-aaa, 81000, 81559
+1, GPU-bbb, 300, 81559
+---
+GPU-aaa, 4242, /usr/bin/python3, 78000
+GPU-aaa, 777, /opt/inferfleet/engine/bin/python, 3000
+---
+777
+778
+"""
+PLAN = {"decision": "replicated", "hardware": {"gpus_per_node": 2, "gpu_memory_gib": 80},
+        "tensor_parallel_size": 1, "pipeline_parallel_size": 1,
+        "per_gpu": {"weights_gib": 14.96, "overhead_gib": 2.1, "kv_cache_gib": 54.6,
+                    "usable_gib": 71.66}}
+
+
+def test_a_memory_finding_shows_the_nodes_memory_who_holds_the_gpus_and_the_plan():
+    nodes = {"n1": node("n1", healthy=False, unit="activating")}
+    ev = {"n1": evidence("n1", log=["ValueError: Free memory on device (0.6/79.6 GiB) on "
+                                    "startup is less than desired GPU memory utilization"])}
+    ev["n1"].update(memory=MEMINFO, gpus=SMI)
+    [f] = d.memory(nodes, ev, PLAN)
+    assert f.evidence[2:] == [
+        "node memory: 10.0 GiB available of 23.4 GiB; the model's folder 2.50 GiB",
+        "GPU 0: 81000 of 81559 MiB used; held by other processes: pid 4242 /usr/bin/python3 "
+        "(78000 MiB)",
+        "GPU 1: 300 of 81559 MiB used; no process but the engine's holds it",
+        "capacity plan for 2 GPU(s) x 80 GiB per node: TP 1 x PP 1, per GPU weights 14.96 GiB "
+        "+ overhead 2.1 GiB + KV cache 54.6 GiB of 71.66 GiB usable",
+    ]
+    assert "nvidia-smi" in f.fix
+    assert d.node_memory("MemTotal: 2097152 kB\nmodel: 5242880\n") == (
+        "node memory: 0.0 GiB available of 2.0 GiB; the model's folder 5 MiB")
+    short = {"decision": "none", "hardware": {"gpus_per_node": 1, "gpu_memory_gib": 24},
+             "per_gpu": None, "shortfall_gib": 3.2}
+    assert d.plan_line(short) == ("capacity plan (none): nothing fits 1 GPU(s) x 24 GiB per "
+                                  "node; short by 3.2 GiB per GPU")
+    assert d.plan_line({"error": "no such model"}) == "capacity plan: none (no such model)"
+    # what was not read adds nothing
+    ev["n1"].update(memory="", gpus="")
+    [f] = d.memory(nodes, ev, None)
+    assert len(f.evidence) == 2
+    data = {"inferfleet_status_nodes": nodes, "inferfleet_doctor_nodes": ev,
+            "inferfleet_doctor_plan": PLAN}
+    [f] = d.diagnose(data, {}, [])
+    assert f.evidence[-1].startswith("capacity plan for 2 GPU(s)")
+
+
 def test_the_kernels_oom_killer_is_a_memory_finding_without_a_log_line():
     nodes = {"n1": node("n1", healthy=False, unit="failed")}
     [f] = d.memory(nodes, {"n1": evidence("n1", result="oom-kill")})
@@ -259,3 +307,45 @@ def test_two_instances_that_differ_are_both_named_and_a_dead_one_is_not_compared
     [f] = d.answers(nodes, ev, {"n1": "x", "n2": "x", "n3": None})
     assert f.hosts == ["n1", "n2"] and f.symptom == "instances of tiny differ: n1, n2"
     assert f.evidence == ["--seed (inference_engine_extra_args): n1 '7', n2 '0'"]
+
+
+def test_a_pipeline_beside_single_node_instances_of_its_model_is_not_a_difference():
+    nodes, ev = healthy_fleet()
+    ev["node1"]["unit"] = ev["node1"]["unit"].replace(
+        "--seed 0", "--seed 0 --pipeline-parallel-size 2 --distributed-executor-backend mp")
+    ev["node2"]["unit"] = ev["node2"]["unit"].replace("--seed 0", "--seed 0 --enforce-eager")
+    ev["node2"]["environment"] += "VLLM_ENABLE_V1_MULTIPROCESSING=0\nOMP_NUM_THREADS=1\n"
+    assert d.answers(nodes, ev, {h: "same" for h in nodes}) == []
+
+
+def link(to="p1", gbit=10.5, rtt=0.09, error=""):
+    return {"to": to, "address": "10.0.0.2", "gbit": gbit, "rtt_ms": rtt, "error": error}
+
+
+def measured(found, need_gbit=1, need_rtt=0):
+    return {"p0": {"instance": "pipe", "rank": 0, "link": found,
+                   "need": {"min_bandwidth_gbit": need_gbit, "max_rtt_ms": need_rtt}}}
+
+
+def test_a_pipeline_link_below_what_the_pipeline_needs_names_both_members_and_figures():
+    assert d.links(measured(link())) == []
+    assert d.links({"p1": {"instance": "pipe", "rank": 1, "link": None, "need": {}}}) == []
+    [f] = d.links(measured(link(gbit=0.095)))
+    assert (f.case, f.hosts) == ("link", ["p0", "p1"])
+    assert f.symptom == "pipeline pipe: the link p0 -> p1 is slower than the pipeline needs"
+    assert ("link p0 -> p1 (10.0.0.2): bandwidth 0.095 Gbit/s, the pipeline needs 1 Gbit/s "
+            "(fabric_preflight_min_bandwidth_gbit)") in f.evidence
+    assert "tc qdisc show" in f.fix and "fabric_preflight_interface" in f.fix
+    [f] = d.links(measured(link(rtt=4.0), need_gbit=0, need_rtt=0.5))
+    assert "round trip 4 ms, the pipeline tolerates 0.5 ms" in f.evidence[0]
+    # no need set (0): measured, not judged
+    assert d.links(measured(link(gbit=0.01, rtt=50), need_gbit=0)) == []
+
+
+def test_a_link_that_could_not_be_measured_says_what_to_install_or_open():
+    [f] = d.links(measured(link(gbit=None, rtt=None, error="iperf3 is not installed")))
+    assert f.symptom.endswith("could not be measured")
+    assert "iperf3 is not installed" in f.evidence[0]
+    assert "fabric_preflight_link_port" in f.fix
+    data = {"inferfleet_status_nodes": {}, "inferfleet_doctor_links": measured(link(gbit=0.1))}
+    assert [x.case for x in d.diagnose(data, {}, [])] == ["link"]

@@ -44,8 +44,8 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
 ) -> None:
     """Diagnose the fleet: engines that cannot start for memory, instances that answer
-    differently, backends held down, requests queueing. Exit 0: nothing found, 1: findings,
-    2: the fleet could not be read."""
+    differently, backends held down, requests queueing, slow pipeline links. Exit 0:
+    nothing found, 1: findings, 2: the fleet could not be read."""
     path = resolve_inventory(inventory)
     result = run_playbook("doctor", "doctor.yml", path, console=Console(quiet=True))
     if not result.data.get("inferfleet_status_nodes"):
@@ -64,10 +64,12 @@ def doctor(
     else:
         for finding in findings:
             show(finding)
+        links = len(result.data.get("inferfleet_doctor_links") or {})
         console.print(
             f"{len(findings)} finding(s)" if findings else
             f"nothing found: {read} engine node(s) read, every instance of a model answers "
-            "the same, no backend held down, no request waiting",
+            "the same, no backend held down, no request waiting"
+            + (f", {links} pipeline member(s)' links measured" if links else ""),
             soft_wrap=True,
         )
         console.print(f"record: {result.record}", soft_wrap=True)
