@@ -10,7 +10,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from http.server import ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -153,7 +153,7 @@ def engine_url():
     handler = type("H", (sim.Handler,), {})
     handler.engine = sim.Engine(fast, "sim-model")
     handler.api_key, handler.version, handler.max_model_len = "sk-sim", "0.0.0+sim", 512
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = sim.Server(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
@@ -168,6 +168,8 @@ def call(url, body=None, key="sk-sim"):
             return response.status, response.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
+    except OSError as err:  # refused or reset: no HTTP status
+        return 0, str(err)
 
 
 def test_the_openai_surface(engine_url):
@@ -198,6 +200,13 @@ def test_the_openai_surface(engine_url):
     chunks = [json.loads(e) for e in events[:-1]]
     text = "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"])
     assert len(text.split()) == 4 and chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_a_burst_of_connections_waits_for_the_engine_instead_of_being_reset(engine_url):
+    ask = {"model": "sim-model", "prompt": "one two", "max_tokens": 20}
+    with ThreadPoolExecutor(max_workers=200) as pool:
+        answers = list(pool.map(lambda _: call(f"{engine_url}/v1/completions", ask), range(200)))
+    assert [status for status, _ in answers] == [200] * 200
 
 
 def test_metrics_carry_the_names_our_roles_read(engine_url):

@@ -607,9 +607,15 @@ def main() -> None:
     Handler.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
     Handler.version, Handler.max_model_len = args.version, args.max_model_len
     time.sleep(args.start_delay)
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
-    server.daemon_threads = True
+    server = Server((args.host, args.port), Handler)
     server.serve_forever()
+
+
+class Server(ThreadingHTTPServer):
+    # vLLM's server (uvicorn) listens with a backlog of 2048: a burst of connections
+    # queues for the engine instead of being reset (the stdlib's default is 5).
+    request_queue_size = 2048
+    daemon_threads = True
 
 
 if __name__ == "__main__":
