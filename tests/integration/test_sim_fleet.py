@@ -7,6 +7,8 @@ through Mitogen's strategy (INFERFLEET_MITOGEN=1), which the other scenarios lea
 - a second deploy changes nothing;
 - `verify`: every node healthy, one greedy answer from every node and both load
   balancers, the load spread over all six;
+- `doctor`, with one engine given 96 requests at once (its max_num_seqs is 8): one
+  finding, the queue in that engine, with its slots and the fix;
 - `rollout --version v2` under load through both load balancers: no request fails, every
   node on v2;
 - `scale --remove` of node6 under load, then `scale --add`: no request fails, the fleet
@@ -20,11 +22,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
 
+from inferfleet import fleet as fleet_mod
 from inferfleet import paths
 from inferfleet import verify as v
 from inferfleet.lab import fleet
@@ -56,6 +61,44 @@ def _serving(bin_dir: Path, env: dict) -> dict[str, str]:
     return {n["host"]: n["model_version"] for n in nodes}
 
 
+def _doctor(bin_dir: Path, env: dict) -> tuple[int, list[dict]]:
+    done = subprocess.run([str(bin_dir / "inferfleet"), "doctor", "--json"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
+    return done.returncode, json.loads(done.stdout)["findings"]
+
+
+def _doctor_finds_the_queue(bin_dir: Path, env: dict, inventory: Path) -> None:
+    """With one engine given far more requests at once than its max_num_seqs (8),
+    `inferfleet doctor` names that engine, its 8 running and the rest waiting, says to raise
+    max_num_seqs or add instances, and finds nothing else on the fleet (six simulated
+    engines behind HAProxy and Nginx)."""
+    fleet = fleet_mod.load(inventory)
+    node = next(n for n in fleet.serving if n.host == NODES[0])
+    metrics = f"{node.base}/metrics"
+    # 96 requests of 1000 tokens at once: 8 run, the rest wait (the sim's profile decodes
+    # a token in about 5 ms: twelve rounds of about 5 s)
+    with ThreadPoolExecutor(max_workers=96) as pool:
+        calls = [pool.submit(v.complete, node.base, node.model, fleet.engine_key,
+                             max_tokens=1000) for _ in range(96)]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            sums = v.metric_sums(v.get(metrics, fleet.engine_key)[1].splitlines())
+            if sums.get("vllm:num_requests_waiting", 0) > 0:
+                break
+            time.sleep(0.5)
+        rc, findings = _doctor(bin_dir, env)
+        done = [c.result() for c in calls]
+    assert all(c.ok for c in done), [c for c in done if not c.ok][:3]
+    assert rc == 1 and [(f["case"], f["hosts"]) for f in findings] == [("queue", [NODES[0]])], (
+        findings)
+    [finding] = findings
+    assert finding["evidence"][0].startswith(f"{NODES[0]}: 8 running (max_num_seqs 8), "), finding
+    assert "waiting in the engine" in finding["evidence"][0], finding
+    assert "every one of the 8 sequence slots is taken" in finding["cause"], finding
+    assert "inference_engine_max_num_seqs" in finding["fix"], finding
+
+
 def test_a_simulated_fleet_deploys_verifies_rolls_and_scales(
     tmp_path, node_image, venv_bin, lab_names
 ):
@@ -79,6 +122,7 @@ def test_a_simulated_fleet_deploys_verifies_rolls_and_scales(
         same = next(c for c in report["checks"] if c["check"] == "identical greedy answers")
         assert same["detail"].startswith(f"{len(NODES) + len(balancers)} answers"), same
         assert report["load"]["sent"] == 60 and report["load"]["failed"] == 0, report["load"]
+        _doctor_finds_the_queue(venv_bin, env, inventory)
 
         secrets = yaml.safe_load((inventory / "group_vars/all/secrets.yml").read_text())
         key = secrets["inferfleet_lab_api_key"]
