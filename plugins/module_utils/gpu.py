@@ -80,16 +80,17 @@ def _field_name(header: str) -> str:
     return re.sub(r"\s*\[.*\]\s*$", "", header.strip())
 
 
-def parse_query_csv(text: str) -> list[dict[str, str]]:
+def parse_query_csv(text: str, required: str = "index") -> list[dict[str, str]]:
     """Rows of `nvidia-smi --query-gpu=... --format=csv[,nounits]` (with its header) as
-    dicts keyed by field name."""
+    dicts keyed by field name; the header must name `required` (--query-compute-apps has
+    no index: pid)."""
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         return []
     reader = csv.reader(io.StringIO("\n".join(lines)), skipinitialspace=True)
     rows = list(reader)
     header = [_field_name(h) for h in rows[0]]
-    if "index" not in header:
+    if required not in header:
         raise GpuFactsError(f"nvidia-smi printed no CSV header: {lines[0][:120]!r}")
     out = []
     for row in rows[1:]:

@@ -18,6 +18,10 @@ from dataclasses import asdict, dataclass, field
 
 from ansible_collections.inferfleet.fleet.plugins.filter.fabric_preflight import link_problems
 from ansible_collections.inferfleet.fleet.plugins.module_utils.engine_args import MANAGED_FLAGS
+from ansible_collections.inferfleet.fleet.plugins.module_utils.gpu import (
+    GpuFactsError,
+    parse_query_csv,
+)
 
 from inferfleet.verify import metric_sums
 
@@ -145,20 +149,19 @@ def node_memory(text: str) -> str | None:
 def gpu_memory(text: str) -> list[str]:
     """Each GPU's memory and the processes other than the engine's that hold it, from the
     role's "gpus" read (nvidia-smi's GPUs, their compute processes, the engine's pids)."""
-    parts = (text.split("---") + ["", ""])[:3]
-    rows = [[c.strip() for c in line.split(",")] for line in parts[0].splitlines() if line.strip()]
-    apps = [[c.strip() for c in line.split(",")] for line in parts[1].splitlines() if line.strip()]
-    engine = set(parts[2].split())
+    gpus, apps, engine = (text.split("---") + ["", ""])[:3]
+    try:
+        rows = parse_query_csv(gpus)
+        held = parse_query_csv(apps, required="pid")
+    except GpuFactsError as err:
+        return [f"nvidia-smi: {err}"]
     lines = []
     for row in rows:
-        if len(row) < 4:
-            continue
-        index, uuid, used, total = row[:4]
-        others = [f"pid {a[1]} {a[2]} ({a[3]} MiB)" for a in apps
-                  if len(a) >= 4 and a[0] == uuid and a[1] not in engine]
-        lines.append(f"GPU {index}: {used} of {total} MiB used; "
-                     + ("held by other processes: " + ", ".join(others) if others
-                        else "no process but the engine's holds it"))
+        others = [f"pid {a['pid']} {a['process_name']} ({a['used_gpu_memory']} MiB)"
+                  for a in held if a["gpu_uuid"] == row["uuid"] and a["pid"] not in engine.split()]
+        lines.append(f"GPU {row['index']}: {row['memory.used']} of {row['memory.total']} MiB "
+                     "used; " + ("held by other processes: " + ", ".join(others) if others
+                                 else "no process but the engine's holds it"))
     return lines
 
 

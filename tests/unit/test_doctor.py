@@ -99,9 +99,11 @@ def test_each_memory_error_gets_its_own_fix():
 
 
 MEMINFO = "MemTotal:       24576000 kB\nMemAvailable:   10485760 kB\nmodel: 2684354560\n"
-SMI = """0, GPU-aaa, 81000, 81559
+SMI = """index, uuid, memory.used [MiB], memory.total [MiB]
+0, GPU-aaa, 81000, 81559
 1, GPU-bbb, 300, 81559
 ---
+gpu_uuid, pid, process_name, used_gpu_memory [MiB]
 GPU-aaa, 4242, /usr/bin/python3, 78000
 GPU-aaa, 777, /opt/inferfleet/engine/bin/python, 3000
 ---
@@ -129,6 +131,8 @@ def test_a_memory_finding_shows_the_nodes_memory_who_holds_the_gpus_and_the_plan
         "+ overhead 2.1 GiB + KV cache 54.6 GiB of 71.66 GiB usable",
     ]
     assert "nvidia-smi" in f.fix
+    assert d.gpu_memory("Failed to initialize NVML\n---\n---\n") == [
+        "nvidia-smi: nvidia-smi printed no CSV header: 'Failed to initialize NVML'"]
     assert d.node_memory("MemTotal: 2097152 kB\nmodel: 5242880\n") == (
         "node memory: 0.0 GiB available of 2.0 GiB; the model's folder 5 MiB")
     short = {"decision": "none", "hardware": {"gpus_per_node": 1, "gpu_memory_gib": 24},
