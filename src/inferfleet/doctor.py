@@ -241,13 +241,24 @@ NODE_ENV = {"VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "RAY_ADD
             "VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS"}
 
 
-def _differ(what: str, values: dict[str, str], lines: list[str], odd: set[str]) -> None:
-    """Where the hosts' values differ: the odd ones out (those off a value most hosts
-    share) named in `lines` and added to `odd`; with no majority, every host's value."""
+def _differ(what: str, values: dict[str, str], lines: list[str], odd: set[str],
+            wanted: dict[str, str] | None = None) -> None:
+    """Where the hosts' values differ: the odd ones out named in `lines` and added to
+    `odd`. Those off what their own inventory renders (`wanted`, per host) are the odd
+    ones; where every host runs what its inventory says, those off a value most hosts
+    share; with neither, every host's value."""
     if len(set(values.values())) < 2:
         return
+    wanted = wanted or {}
+    drifted = sorted(h for h, value in values.items() if h in wanted and value != wanted[h])
     common, count = Counter(values.values()).most_common(1)[0]
-    if count * 2 > len(values):
+    if drifted and len(drifted) < len(values):
+        rest = sorted({repr(values[h]) for h in values if h not in drifted})
+        lines.append(f"{what}: " + ", ".join(f"{h} {values[h]!r} (its inventory says "
+                                             f"{wanted[h]!r})" for h in drifted)
+                     + f"; the others {' or '.join(rest)}")
+        off = drifted
+    elif count * 2 > len(values):
         off = sorted(h for h, value in values.items() if value != common)
         lines.append(f"{what}: " + ", ".join(f"{h} {values[h]!r}" for h in off)
                      + f"; the others {common!r}")
@@ -275,18 +286,30 @@ def answers(nodes: dict, evidence: dict, replies: dict) -> list[Finding]:
         got = {h: replies[h] for h in hosts if replies.get(h) is not None}
         if len(got) > 1:
             _differ("greedy answer", got, lines, odd)
-        for what, key in (("weights (manifest digest)", "manifest_digest"),
-                          ("model version", "model_version"), ("vLLM", "engine_version")):
-            _differ(what, {h: str(nodes[h].get(key, "")) for h in hosts}, lines, odd)
+        # What each host's inventory renders (playbooks/doctor.yml), where it could.
+        inv = {h: (evidence.get(h) or {}).get("inventory") or {} for h in hosts}
+        _differ("weights (manifest digest)",
+                {h: str(nodes[h].get("manifest_digest", "")) for h in hosts}, lines, odd)
+        _differ("model version", {h: str(nodes[h].get("model_version", "")) for h in hosts},
+                lines, odd, {h: str(inv[h]["model_version"]) for h in hosts
+                             if inv[h].get("model_version")})
+        _differ("vLLM", {h: str(nodes[h].get("engine_version", "")) for h in hosts}, lines, odd)
         args = {h: flags(exec_start((evidence.get(h) or {}).get("unit") or "")) for h in hosts}
+        want_args = {h: flags([str(a) for a in inv[h]["args"]]) for h in hosts
+                     if inv[h].get("args")}
         for flag in sorted({k for a in args.values() for k in a} - NODE_FLAGS):
             variable = MANAGED_FLAGS.get(flag, "inference_engine_extra_args")
             _differ(f"{flag} ({variable})", {h: args[h].get(flag, "(unset)") for h in hosts},
-                    lines, odd)
+                    lines, odd, {h: a.get(flag, "(unset)") for h, a in want_args.items()})
         env = {h: environment((evidence.get(h) or {}).get("environment") or "") for h in hosts}
+        want_env = {h: {str(k): str(v) for k, v in inv[h]["env"].items()} for h in hosts
+                    if isinstance(inv[h].get("env"), dict)}
         for name in sorted({k for e in env.values() for k in e} - NODE_ENV):
+            if name.startswith("NCCL_"):  # the group's transport (inference_engine_nccl_env)
+                continue
             _differ(f"environment {name} (inference_engine_extra_env)",
-                    {h: env[h].get(name, "(unset)") for h in hosts}, lines, odd)
+                    {h: env[h].get(name, "(unset)") for h in hosts}, lines, odd,
+                    {h: e.get(name, "(unset)") for h, e in want_env.items()})
         if not lines:
             continue
         found.append(Finding(
@@ -310,10 +333,21 @@ def _port(addr: str) -> str:
     return addr.rsplit(":", 1)[-1]
 
 
+def _covers(ports: str, port: int) -> bool:
+    """Whether an nftables dport expression (`8000`, `8000-8010`, `{ 22, 32768-60999 }`)
+    takes `port`."""
+    for item in ports.strip("{} ").split(","):
+        low, _, high = item.strip().partition("-")
+        if low.isdigit() and int(low) <= port <= int(high if high.isdigit() else low):
+            return True
+    return False
+
+
 def _port_rules(rules: str, port: str) -> list[str]:
     """The lines of a firewall table (`nft list table`) that speak of `port`, in order."""
     return [line.strip() for line in rules.splitlines()
-            if re.search(rf"dport ({port}\b|\{{[^}}]*\b{port}\b)", line)]
+            if (m := re.search(r"dport (\{[^}]*\}|\S+)", line)) and port.isdigit()
+            and _covers(m.group(1), int(port))]
 
 
 def _accepted(lines: list[str], source: str) -> bool:

@@ -231,6 +231,14 @@ def test_a_backend_the_firewall_keeps_from_the_load_balancer():
     [f] = d.backends(nodes, ev, lbs)
     assert "ip saddr 10.0.0.5 tcp dport 8000 drop" in f.evidence[3]
     assert "does not accept 10.0.0.5" in f.cause
+    # port ranges, in a set or alone, count for the ports they take (and only for those)
+    for dports, accepted in (("{ 22, 7990-8010 }", True), ("8000-8001", True),
+                             ("{ 80, 8001-8010 }", False), ("18000", False)):
+        ev["node2"]["firewall"] = FIREWALL.replace(
+            "\t\tip saddr { 10.0.0.9 } tcp dport 8000",
+            f"\t\tip saddr {{ 10.0.0.5 }} tcp dport {dports}")
+        [f] = d.backends(nodes, ev, lbs)
+        assert ("the network between" in f.cause) is accepted, dports
 
 
 def test_a_backend_down_because_its_engine_is_stopped_or_its_check_is_wrong():
@@ -311,6 +319,28 @@ def test_two_instances_that_differ_are_both_named_and_a_dead_one_is_not_compared
     [f] = d.answers(nodes, ev, {"n1": "x", "n2": "x", "n3": None})
     assert f.hosts == ["n1", "n2"] and f.symptom == "instances of tiny differ: n1, n2"
     assert f.evidence == ["--seed (inference_engine_extra_args): n1 '7', n2 '0'"]
+
+
+def test_of_two_instances_the_one_off_its_own_inventory_is_the_odd_one_out():
+    nodes = {"n1": node("n1"), "n2": node("n2", version="v2")}
+    ev = {h: evidence(h) for h in nodes}
+    ev["n2"]["unit"] = ev["n2"]["unit"].replace("--seed 0", "--seed 7")
+    ev["n2"]["environment"] += "NCCL_IB_DISABLE=1\n"  # a group's transport: not compared
+    rendered = d.exec_start(UNIT.format(seqs=8, dtype="bfloat16"))[2:]  # after `vllm serve`
+    for h in nodes:
+        ev[h]["inventory"] = {"model_version": "v1", "args": rendered,
+                              "env": {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}}
+    [f] = d.answers(nodes, ev, {"n1": "x", "n2": "x"})
+    assert f.hosts == ["n2"] and f.symptom == "instances of tiny differ: n2 against 1 other(s)"
+    assert f.evidence == [
+        "model version: n2 'v2' (its inventory says 'v1'); the others 'v1'",
+        "--seed (inference_engine_extra_args): n2 '7' (its inventory says '0'); the others '0'"]
+    # The inventory itself gives n2 the seed (host_vars): no one is off it, both named.
+    ev["n2"]["inventory"]["args"] = [a if a != "0" else "7" for a in rendered]
+    nodes["n2"]["model_version"] = "v1"
+    [f] = d.answers(nodes, ev, {"n1": "x", "n2": "x"})
+    assert f.hosts == ["n1", "n2"]
+    assert f.evidence == ["--seed (inference_engine_extra_args): n1 '0', n2 '7'"]
 
 
 def test_a_pipeline_beside_single_node_instances_of_its_model_is_not_a_difference():
