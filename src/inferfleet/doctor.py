@@ -239,6 +239,7 @@ NODE_FLAGS = {"--host", "--port", "--master-addr", "--master-port", "--node-rank
 NODE_ENV = {"VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "RAY_ADDRESS",
             "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "INFERFLEET_MODEL_REVISION",
             "VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS"}
+# Nor is any NCCL_* variable compared: a group's transport (inference_engine_nccl_env).
 
 
 def _differ(what: str, values: dict[str, str], lines: list[str], odd: set[str],
@@ -304,9 +305,8 @@ def answers(nodes: dict, evidence: dict, replies: dict) -> list[Finding]:
         env = {h: environment((evidence.get(h) or {}).get("environment") or "") for h in hosts}
         want_env = {h: {str(k): str(v) for k, v in inv[h]["env"].items()} for h in hosts
                     if isinstance(inv[h].get("env"), dict)}
-        for name in sorted({k for e in env.values() for k in e} - NODE_ENV):
-            if name.startswith("NCCL_"):  # the group's transport (inference_engine_nccl_env)
-                continue
+        for name in sorted({k for e in env.values() for k in e if not k.startswith("NCCL_")}
+                           - NODE_ENV):
             _differ(f"environment {name} (inference_engine_extra_env)",
                     {h: env[h].get(name, "(unset)") for h in hosts}, lines, odd,
                     {h: e.get(name, "(unset)") for h, e in want_env.items()})
