@@ -1,5 +1,5 @@
 # inferfleet: the README's two commands are `make demo` and `make test`.
-.PHONY: setup demo test test-fresh lint bench bench-lb gpu-bundle clean
+.PHONY: setup demo test test-fresh lint bench bench-lb bench-routing gpu-bundle clean
 
 setup:
 	scripts/setup.sh
@@ -25,6 +25,17 @@ bench: setup
 bench-lb: setup
 	.venv/bin/inferfleet lab up
 	.venv/bin/python benchmarks/lb_overhead.py
+
+# guidellm (the load client) in an environment of its own: its dependencies stay out of
+# the project's.
+.venv-bench/bin/guidellm: benchmarks/requirements.txt
+	python3 -m venv .venv-bench
+	.venv-bench/bin/pip install -q -r benchmarks/requirements.txt
+	touch $@
+
+bench-routing: setup .venv-bench/bin/guidellm
+	.venv/bin/inferfleet lab up
+	.venv/bin/python benchmarks/routing.py
 
 # The GPU check bundle for a GPU machine without network (docs/gpu-validation.md).
 gpu-bundle: setup

@@ -50,7 +50,7 @@ class Fleet:
     nodes: list[Node]
     balancers: list[str]  # base URLs of the public listeners
     admin: list[str]  # base URLs of the load balancers' admin listeners
-    balance: str = "leastconn"  # the load balancers' algorithm (load_balancer_balance)
+    routing: str = "leastconn"  # which engine gets a request (load_balancer_routing)
     weight: int = 100  # each backend's configured weight (load_balancer_backend_weight)
     slowstart: float = 60.0  # seconds a returning backend ramps up (load_balancer_slowstart)
     max_num_seqs: int = 256  # requests an engine runs at once (vLLM's default when unset)
@@ -142,7 +142,7 @@ def load(inventory: Path) -> Fleet:
         nodes=nodes,
         balancers=balancers,
         admin=admin,
-        balance=str(lb_vars["load_balancer_balance"]),
+        routing=str(lb_vars["load_balancer_routing"]),
         weight=int(lb_vars["load_balancer_backend_weight"]),
         slowstart=duration(lb_vars["load_balancer_slowstart"]),
         max_num_seqs=int(first.get("inference_engine_max_num_seqs") or 256),

@@ -188,6 +188,21 @@ CASES = {
         ["load_balancer_virtual_ip '10.9.9.100/24' on lb1 is not an IPv4 address",
          "without a prefix length"],
     ),
+    "the old name of the routing": (
+        _inventory(lb={"load_balancer_balance": "roundrobin"}),
+        ["load_balancer_balance is now load_balancer_routing", "rename it in the inventory"],
+    ),
+    "prefix routing on Nginx": (
+        _inventory(lb={"load_balancer_kind": "nginx", "load_balancer_routing": "prefix"}),
+        ["lb1 runs Nginx, which has no load-bounded hash", "load_balancer_kind: haproxy"],
+    ),
+    "prefix routing settings out of range": (
+        _inventory(lb={"load_balancer_routing": "prefix", "load_balancer_prefix_bytes": 4,
+                       "load_balancer_prefix_balance_factor": 90}),
+        ["load_balancer_prefix_bytes must be a whole number from 16", "not 4",
+         "load_balancer_prefix_balance_factor must be 0 (no bound) or a percentage above 100",
+         "not 90"],
+    ),
     "allowed path not a path": (
         _inventory(lb={"load_balancer_allowed_paths": ["v1/completions"]}),
         ["load_balancer_allowed_paths must list exact paths"],
@@ -207,7 +222,8 @@ def test_bad_inventory_fails_naming_what_to_change(tmp_path, case):
 
 
 def test_good_inventory_passes(tmp_path):
-    inventory = _inventory(backends={
+    inventory = _inventory(lb={"load_balancer_routing": "prefix",
+                               "load_balancer_prefix_bytes": "512"}, backends={
         "node1": {"load_balancer_backend_weight": 0},
         "node2": {"inferfleet_instance": "big"},
         "node3": {"inferfleet_instance": "big"},

@@ -10,6 +10,7 @@ balancer host on a local connection per variant. Then the real `haproxy -c` and
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import re
 import shutil
@@ -91,11 +92,11 @@ def _variants(tls: tuple[str, str]) -> dict[str, dict]:
         },
         "haproxy_open": {
             "load_balancer_kind": "haproxy", "load_balancer_api_keys_required": False,
-            "load_balancer_balance": "roundrobin",
+            "load_balancer_routing": "roundrobin",
         },
         "nginx_open": {
             "load_balancer_kind": "nginx", "load_balancer_api_keys_required": False,
-            "load_balancer_balance": "roundrobin",
+            "load_balancer_routing": "roundrobin",
         },
     }
 
@@ -736,7 +737,7 @@ def test_haproxy_takes_out_an_engine_whose_agent_says_down(tmp_path, free_port):
         "load_balancer_port": port, "load_balancer_bind_address": "127.0.0.1",
         "load_balancer_admin_port": admin, "load_balancer_haproxy_runtime_socket": str(sock),
         "load_balancer_haproxy_log": "stderr local0", "load_balancer_slowstart": "0s",
-        "load_balancer_balance": "roundrobin"})
+        "load_balancer_routing": "roundrobin"})
     proxy = subprocess.Popen(["haproxy", "-db", "-f", str(out / "haproxy_open" / "haproxy.cfg")],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -770,6 +771,110 @@ def test_haproxy_takes_out_an_engine_whose_agent_says_down(tmp_path, free_port):
         agents["stopping"].word = "up"
         until("stopping", "UP")
         assert sorted(set(answers(6))) == ["staying", "stopping"]
+    finally:
+        proxy.terminate()
+        proxy.communicate(timeout=10)
+        for engine in engines.values():
+            engine.shutdown()
+
+
+def test_haproxy_prefix_routing_keeps_each_prefix_on_one_engine(tmp_path, free_port):
+    """load_balancer_routing: prefix, through the real HAProxy: requests whose prompt (or
+    chat's first message) begins with the same load_balancer_prefix_bytes land on one
+    engine whatever follows and however the JSON is written; the prefixes spread over
+    every engine; an engine taken out hands its prefixes on and gets them back when it
+    returns; a prefix whose engine is over the load bound spills to another; a body with
+    no string prompt is balanced in turn."""
+    engines = {name: _Engine(name, hold=3) for name in ("e1", "e2", "e3")}
+    backends = {
+        name: {"load_balancer_backend_address": "127.0.0.1",
+               "inference_engine_port": engine.server_address[1],
+               "inference_engine_agent_port": free_port()}  # no agent: checks alone decide
+        for name, engine in engines.items()
+    }
+    port, admin, sock = free_port(), free_port(), tmp_path / "admin.sock"
+    out = _render(tmp_path, backends, only=("haproxy_open",), extra={
+        "load_balancer_port": port, "load_balancer_bind_address": "127.0.0.1",
+        "load_balancer_admin_port": admin, "load_balancer_haproxy_runtime_socket": str(sock),
+        "load_balancer_haproxy_log": "stderr local0", "load_balancer_slowstart": "0s",
+        "load_balancer_routing": "prefix", "load_balancer_prefix_bytes": 32})
+    cfg = (out / "haproxy_open" / "haproxy.cfg").read_text()
+    backend = _section(cfg, "backend inferfleet_engines")
+    assert "balance hash var(txn.prefix)" in backend and "hash-balance-factor 200" in backend
+    assert "tune.bufsize 262144" in _section(cfg, "global")
+    proxy = subprocess.Popen(["haproxy", "-db", "-f", str(out / "haproxy_open" / "haproxy.cfg")],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def post(body: str, path: str = "/v1/completions", settle: bool = True) -> str:
+        # HAProxy ends a stream a moment after the client has its answer; the bound counts
+        # it (whole requests: with three engines and one in flight, 1, 1 and 2 slots), so
+        # one request after another waits for the last to end, as the test means them to.
+        for _ in range(200 if settle else 0):
+            seen = load_balancer_seen(
+                {"rc": 0, "stdout": _runtime(sock, "show stat -1 6 -1")}, "inferfleet_engines")
+            if seen["queues"]["inferfleet_engines"]["sessions"] == 0:
+                break
+            time.sleep(0.01)
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body.encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=20) as answer:
+            return answer.read().decode()
+
+    def prompt(tenant: int, suffix: str) -> str:  # 32 bytes shared per tenant, then its own
+        return f"tenant {tenant:02d} system prompt".ljust(32, ".") + suffix
+
+    def where(tenant: int) -> set[str]:
+        return {post(json.dumps({"model": "m", "prompt": prompt(tenant, f"question {i}")}))
+                for i in range(4)}
+
+    try:
+        for _ in range(100):
+            seen = _runtime(sock, "show stat -1 4 -1") if sock.exists() else ""
+            if {s["status"] for s in haproxy_servers(seen, "inferfleet_engines")} == {"UP"}:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("HAProxy never had every server up")
+        home = {}
+        for tenant in range(12):
+            landed = where(tenant)
+            assert len(landed) == 1, (tenant, landed)
+            home[tenant] = landed.pop()
+        assert set(home.values()) == set(engines), home
+        # the body's key order, spacing and escapes do not matter: the decoded text does
+        assert post('{ "prompt" : "tenant 03 system prompt.........\\u00e9t\\u00e9",'
+                    ' "max_tokens": 3 }') == home[3]
+        # chat: the first message's content (the system prompt) decides
+        chats = {post(json.dumps({"model": "m", "messages": [
+            {"role": "system", "content": prompt(5, "")},
+            {"role": "user", "content": f"chat question {i}"}]}), "/v1/chat/completions")
+            for i in range(4)}
+        assert chats == {home[5]}
+        # a prompt shorter than the prefix is hashed whole
+        assert len({post('{"prompt": "hi"}') for _ in range(6)}) == 1
+        # token ids (no string to hash): in turn, over more than one engine
+        assert len({post('{"prompt": [1, 2, 3]}') for _ in range(6)}) > 1
+        # an engine taken out: its tenants move, the others stay; back, they return
+        gone = home[0]
+        _runtime(sock, f"set server inferfleet_engines/{gone} state maint")
+        moved = {t: where(t) for t in home}
+        assert all(len(landed) == 1 for landed in moved.values()), moved
+        assert all(moved[t] == {home[t]} for t in home if home[t] != gone), (home, moved)
+        assert all(moved[t] != {gone} for t in home), moved
+        _runtime(sock, f"set server inferfleet_engines/{gone} state ready")
+        assert {t: where(t).pop() for t in home} == home
+        # bounded load (200 % of the average in flight, this one counted): of three slow
+        # requests of one tenant at once, its engine takes two, the next on the ring one
+        slow = []
+        threads = [threading.Thread(target=lambda: slow.append(post(json.dumps(
+            {"prompt": prompt(1, "slow")}), settle=False))) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.3)
+        for thread in threads:
+            thread.join()
+        assert len(slow) == 3 and slow.count(home[1]) == 2, slow
+        assert where(1) == {home[1]}
     finally:
         proxy.terminate()
         proxy.communicate(timeout=10)

@@ -66,8 +66,10 @@ def _load(
     busy = {h: after[h][1] - before[h][1] for h in after}
     mine = [n.host for n in fleet.serving_of(model)]
     # leastconn keeps every engine equally busy (requests in flight), so a slower
-    # engine rightly gets fewer requests: judge it by busy time; round robin by count.
-    spread = {h: (counts if fleet.balance == "roundrobin" else busy)[h] for h in mine}
+    # engine rightly gets fewer requests: judge it by busy time; round robin and prefix
+    # routing (every request here has a prompt of its own) by count.
+    by_count = fleet.routing != "leastconn"
+    spread = {h: (counts if by_count else busy)[h] for h in mine}
     strays = {h: counts[h] for h in counts if h not in mine and counts[h] > 0}
     checks = [
         (
@@ -83,7 +85,7 @@ def _load(
         (
             f"load spread over every backend{of}",
             v.spread_is_even(spread),
-            f"{'requests' if fleet.balance == 'roundrobin' else 'busy seconds (leastconn)'}: "
+            f"{f'requests ({fleet.routing})' if by_count else 'busy seconds (leastconn)'}: "
             + ", ".join(f"{h} {int(counts[h])} requests, {busy[h]:.1f} s busy" for h in mine),
         ),
     ]

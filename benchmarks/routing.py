@@ -1,0 +1,208 @@
+"""What routing does to the engines' prefix caches: one shared-prefix workload, measured
+straight to one engine and through the lab's HAProxy under each routing mode.
+
+Needs the lab (`inferfleet lab up`, its engines with prefix caching, vLLM's default) and
+guidellm in its own environment (`make bench-routing` creates .venv-bench from
+benchmarks/requirements.txt). The load is guidellm's (0.8.1): synthetic prompts of
+`--prefix-tokens` drawn at random from `--prefixes` distinct prefixes (think tenants'
+system prompts or documents) followed by `--suffix-tokens` of their own, `--concurrency`
+streams, `--requests` requests per phase. Every phase draws new prefixes (its own seed),
+so no phase finds another's in the caches.
+
+Phases: `single` sends the workload straight to the first engine (the best any routing
+can do for the hit rate: one cache sees every prefix); then, for each `--modes` entry,
+site.yml sets `load_balancer_routing` on the lab's load balancer (`prefix/200` sets
+load_balancer_prefix_balance_factor 200 as well) and the workload goes through it. The
+inventory's own setting is put back at the end.
+
+Per phase: the fleet's token hit rate (the engines' vllm:prefix_cache_hits_total over
+_queries_total), that rate against `single`'s, TTFT p50/p90 and output tokens/s (from
+guidellm), and the skew (max/mean requests per engine, from vllm:request_success_total).
+When leastconn reaches 0.7 of `single` the workload revisits too few prefixes to tell
+routings apart, and the run says so. A phase with a failed request says so and the run
+exits 1 without ratios.
+
+    make bench-routing
+    .venv/bin/python benchmarks/routing.py [--modes leastconn,prefix] [--prefixes 200]
+        [--prefix-tokens 512] [--suffix-tokens 48] [--requests 400] [--concurrency 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from inferfleet.commands.common import LAB_INVENTORY
+from inferfleet.commands.lab import CACHE
+from inferfleet.fleet import load
+from inferfleet.runner import run_playbook
+from inferfleet.verify import get, metric_sums
+
+REPO = Path(__file__).resolve().parents[1]
+GUIDELLM = REPO / ".venv-bench" / "bin" / "guidellm"
+
+
+def counters(fleet) -> dict[str, dict[str, float]]:
+    """Each serving engine's prefix-cache and request counters."""
+    out = {}
+    for node in fleet.serving:
+        status, text = get(f"{node.base}/metrics", fleet.engine_key)
+        if status != 200:
+            sys.exit(f"{node.host}'s /metrics answered {status}: is the lab up?")
+        sums = metric_sums(text.splitlines())
+        out[node.host] = {
+            "queries": sums.get("vllm:prefix_cache_queries_total", 0.0),
+            "hits": sums.get("vllm:prefix_cache_hits_total", 0.0),
+            "requests": sums.get("vllm:request_success_total", 0.0),
+        }
+    return out
+
+
+def guidellm(target: str, key: str, model: str, args, seed: int, work: Path) -> dict:
+    """One guidellm run; its figures. The scenario file holds the key: 0600, removed after."""
+    scenario = work / f"scenario-{seed}.json"
+    report = work / f"report-{seed}.json"
+    spec = {
+        "backend": {"kind": "openai_http", "target": target, "model": model, "api_key": key,
+                    "request_format": "/v1/completions", "validate_backend": False},
+        "profile": {"kind": "concurrent", "streams": [args.concurrency]},
+        "data": [{"kind": "synthetic_text", "prompt_tokens": args.suffix_tokens,
+                  "output_tokens": args.output_tokens, "prefix_tokens": args.prefix_tokens,
+                  "prefix_count": args.prefixes}],
+        "constraints": [{"kind": "max_requests", "count": args.requests}],
+        "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer(model))},
+        "seed": {"kind": "static", "value": seed},
+        "outputs": [{"kind": "json", "path": str(report)}],
+    }
+    fd = os.open(scenario, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"spec": spec}, f)
+    try:
+        run = subprocess.run(
+            [str(GUIDELLM), "run", "--scenario", str(scenario), "--disable-console-interactive"],
+            capture_output=True, text=True, timeout=3600)
+    finally:
+        scenario.unlink()
+    if run.returncode != 0 or not report.exists():
+        sys.exit(f"guidellm failed ({run.returncode}):\n{(run.stdout + run.stderr)[-3000:]}")
+    return figures(json.loads(report.read_text()))
+
+
+def figures(report: dict) -> dict:
+    """Requests, failures, TTFT p50/p90 (s) and output tokens/s from guidellm's report."""
+    bench = report["benchmarks"][0]
+    metrics = bench["metrics"]
+    totals = metrics["request_totals"]
+    ttft = metrics["time_to_first_token_ms"]["successful"]["percentiles"]
+    return {
+        "ok": totals["successful"],
+        "failed": totals["errored"] + totals["incomplete"],
+        "ttft_p50": ttft["p50"] / 1000,
+        "ttft_p90": ttft["p90"] / 1000,
+        "tokens_s": metrics["output_tokens_per_second"]["successful"]["mean"],
+    }
+
+
+def tokenizer(model: str) -> Path:
+    """The lab's copy of the model's files (tokenizer.json): guidellm counts tokens with it."""
+    found = sorted((CACHE / model).glob("*/tokenizer.json"))
+    if not found:
+        sys.exit(f"no tokenizer for {model} under {CACHE}: run `inferfleet lab up` first")
+    return found[0].parent
+
+
+def set_routing(lb: str, mode: str | None) -> None:
+    """site.yml on the load balancer alone: `mode` (None: the inventory's own)."""
+    extra = {}
+    if mode:
+        routing, _, factor = mode.partition("/")
+        extra = {"load_balancer_routing": routing}
+        if factor:
+            extra["load_balancer_prefix_balance_factor"] = int(factor)
+    quiet = Console(quiet=True)
+    result = run_playbook("bench-routing", "site.yml", LAB_INVENTORY, extra_vars=extra, limit=lb,
+                          console=quiet)
+    if result.rc != 0:
+        sys.exit(f"site.yml for routing {mode or 'as inventoried'} failed (rc {result.rc}); "
+                 f"{'; '.join(result.failures)} (record: {result.record})")
+    # The reload hands the listeners over; the old process finishes what it holds.
+    time.sleep(5)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--modes", default="leastconn,prefix")
+    p.add_argument("--prefixes", type=int, default=200)
+    p.add_argument("--prefix-tokens", type=int, default=512)
+    p.add_argument("--suffix-tokens", type=int, default=48)
+    p.add_argument("--output-tokens", type=int, default=16)
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--seed", type=int, default=int(time.time()) % 100000,
+                   help="the first phase's data seed (each phase its own: prefixes never seen)")
+    args = p.parse_args()
+    if not GUIDELLM.exists():
+        sys.exit(f"{GUIDELLM} is missing: `make bench-routing` installs it")
+    fleet = load(LAB_INVENTORY)
+    if len(fleet.serving) < 2 or not fleet.balancers:
+        sys.exit("the lab needs two engines and a load balancer: `inferfleet lab up`")
+    lb = "inferfleet-lab-lb"
+    rows: list[tuple[str, dict]] = []
+    print(f"workload: {args.prefixes} prefixes x {args.prefix_tokens} tokens, "
+          f"+{args.suffix_tokens} tokens each, {args.output_tokens} out, {args.requests} requests "
+          f"at concurrency {args.concurrency}, seed {args.seed}; {len(fleet.serving)} engines of "
+          f"{fleet.model}",
+          flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        phases = [("single", None)] + [(m, m) for m in args.modes.split(",")]
+        try:
+            for seed, (name, mode) in enumerate(phases, start=args.seed):
+                if mode:
+                    set_routing(lb, mode)
+                target = fleet.serving[0].base if mode is None else fleet.balancers[0]
+                key = fleet.engine_key if mode is None else fleet.api_key
+                before = counters(fleet)
+                row = guidellm(target, key, fleet.model, args, seed, work)
+                after = counters(fleet)
+                delta = {h: {k: after[h][k] - before[h][k] for k in after[h]} for h in after}
+                queries = sum(d["queries"] for d in delta.values())
+                row["hit_rate"] = sum(d["hits"] for d in delta.values()) / queries if queries else 0
+                served = [d["requests"] for d in delta.values()]
+                row["served"] = served
+                row["skew"] = max(served) / (sum(served) / len(served)) if sum(served) else 0
+                rows.append((name, row))
+                print(f"  {name}: {row}", flush=True)
+        finally:
+            if any(mode for _, mode in phases[: len(rows) + 1]):
+                set_routing(lb, None)
+    failed = [(n, r["failed"]) for n, r in rows if r["failed"]]
+    print(f"\n{'phase':14} {'ok':>5} {'failed':>6} {'hit rate':>9} {'x single':>9}"
+          f" {'TTFT p50':>9} {'TTFT p90':>9} {'tok/s':>8} {'skew':>5}  requests per engine")
+    single = rows[0][1]["hit_rate"]
+    for name, r in rows:
+        ratio = "" if failed or not single else f"{r['hit_rate'] / single:.2f}"
+        skew = "" if name == "single" else f"{r['skew']:.2f}"
+        print(f"{name:14} {r['ok']:5d} {r['failed']:6d} {r['hit_rate']:9.3f} {ratio:>9}"
+              f" {r['ttft_p50']:9.3f} {r['ttft_p90']:9.3f} {r['tokens_s']:8.1f} {skew:>5}"
+              f"  {', '.join(str(int(s)) for s in r['served'])}")
+    if failed:
+        print(f"\nFAILED: requests failed in {failed}; no ratios.")
+        return 1
+    lc = dict(rows).get("leastconn")
+    if lc and single and lc["hit_rate"] / single >= 0.7:
+        print("\nleastconn reached 0.7 of one engine's hit rate: this workload revisits too few "
+              "prefixes to tell routings apart (more prefixes, fewer requests each).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
