@@ -50,7 +50,7 @@ class Fleet:
     nodes: list[Node]
     balancers: list[str]  # base URLs of the public listeners
     admin: list[str]  # base URLs of the load balancers' admin listeners
-    routing: str = "leastconn"  # which engine gets a request (load_balancer_routing)
+    routing: str = "leastconn"  # the first load balancer's load_balancer_routing
     weight: int = 100  # each backend's configured weight (load_balancer_backend_weight)
     slowstart: float = 60.0  # seconds a returning backend ramps up (load_balancer_slowstart)
     max_num_seqs: int = 256  # requests an engine runs at once (vLLM's default when unset)
@@ -125,8 +125,11 @@ def load(inventory: Path) -> Fleet:
             )
     balancers, admin = [], []
     lb_vars: dict = defaults
-    for host in inv.get_groups_dict().get("loadbalancers", []):
+    routing = str(defaults["load_balancer_routing"])
+    for index, host in enumerate(inv.get_groups_dict().get("loadbalancers", [])):
         lb_vars = {**defaults, **hostvars(host)}
+        if index == 0:  # the one verify's load goes through
+            routing = str(lb_vars["load_balancer_routing"])
         address = lb_vars.get("inferfleet_address") or lb_vars.get("ansible_host") or host
         # With TLS the certificate must carry this address (or the name it holds).
         tls = lb_vars.get("load_balancer_tls_certificate") and lb_vars.get("load_balancer_tls_key")
@@ -142,7 +145,7 @@ def load(inventory: Path) -> Fleet:
         nodes=nodes,
         balancers=balancers,
         admin=admin,
-        routing=str(lb_vars["load_balancer_routing"]),
+        routing=routing,
         weight=int(lb_vars["load_balancer_backend_weight"]),
         slowstart=duration(lb_vars["load_balancer_slowstart"]),
         max_num_seqs=int(first.get("inference_engine_max_num_seqs") or 256),

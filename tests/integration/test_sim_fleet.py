@@ -1,12 +1,15 @@
 """A small fleet of SIMULATED GPU engines through the operator's life cycle, in minutes.
 
-`inferfleet lab up --nodes 6 --engine sim --nginx` runs site.yml over six nodes whose
-engine is the inference_engine role's sim runtime (docs/engine.md: a stand-in for a
-GPU-backed vLLM, installed and run like it), behind HAProxy and Nginx. Every command runs
-through Mitogen's strategy (INFERFLEET_MITOGEN=1), which the other scenarios leave off:
+`inferfleet lab up --nodes 6 --engine sim --nginx --routing prefix` runs site.yml over six
+nodes whose engine is the inference_engine role's sim runtime (docs/engine.md: a stand-in
+for a GPU-backed vLLM, installed and run like it), behind HAProxy (prefix routing) and
+Nginx (leastconn). Every command runs through Mitogen's strategy (INFERFLEET_MITOGEN=1),
+which the other scenarios leave off:
 - a second deploy changes nothing;
 - `verify`: every node healthy, one greedy answer from every node and both load
   balancers, the load spread over all six;
+- prefix routing: the requests of each of three tenants (one long shared prefix, then
+  each request's own question) land on one engine, seen in the engines' counters;
 - `doctor`, with one engine given 96 requests at once (its max_num_seqs is 8): one
   finding, the queue in that engine, with its slots and the fix;
 - `rollout --version v2` under load through both load balancers: no request fails, every
@@ -19,12 +22,14 @@ fleet-scale timings are benchmarks/fleet_scale.py's.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -99,6 +104,42 @@ def _doctor_finds_the_queue(bin_dir: Path, env: dict, inventory: Path) -> None:
     assert "inference_engine_max_num_seqs" in finding["fix"], finding
 
 
+def _prefix_routing_keeps_tenants_together(inventory: Path) -> None:
+    """Through HAProxy (load_balancer_routing: prefix), each tenant's requests (its long
+    system prompt, then a question of each request's own) all reach one engine, by the
+    engines' own request counters: one request after another on one kept connection, as
+    the OpenAI SDKs send them (on a new connection each, a request may arrive while
+    HAProxy still counts the one before it, and the coarse bound of a few requests in
+    flight sends it on; docs/load-balancer.md)."""
+    fleet = fleet_mod.load(inventory)
+    assert fleet.routing == "prefix"
+    haproxy = urlsplit(fleet.balancers[0])  # the lab's HAProxy; Nginx comes second
+    connection = http.client.HTTPConnection(haproxy.hostname, haproxy.port, timeout=30)
+    headers = {"Authorization": f"Bearer {fleet.api_key}", "Content-Type": "application/json"}
+
+    def served() -> dict[str, float]:
+        return {n.host: v.served_requests(v.get(f"{n.base}/metrics", fleet.engine_key)[1])
+                for n in fleet.serving}
+
+    homes = set()
+    for tenant in ("support desk", "legal review", "code helper"):
+        system = f"You are the {tenant} assistant of tenant {tenant}. " * 12
+        before = served()
+        for question in range(6):
+            body = {"model": fleet.model, "prompt": f"{system}Question {question}: why?",
+                    "max_tokens": 4}
+            connection.request("POST", "/v1/completions", json.dumps(body), headers)
+            answer = connection.getresponse()
+            assert answer.status == 200, (answer.status, answer.read()[:300])
+            answer.read()
+        after = served()
+        got = {h: after[h] - before[h] for h in after if after[h] > before[h]}
+        assert len(got) == 1 and sum(got.values()) == 6, (tenant, got)
+        homes |= set(got)
+    connection.close()
+    assert len(homes) > 1, homes  # the tenants do not all share one engine
+
+
 def test_a_simulated_fleet_deploys_verifies_rolls_and_scales(
     tmp_path, node_image, venv_bin, lab_names
 ):
@@ -106,7 +147,7 @@ def test_a_simulated_fleet_deploys_verifies_rolls_and_scales(
     inventory = paths.LAB_INVENTORY
     try:
         _cli(venv_bin, env, "lab", "up", "--nodes", "6", "--engine", "sim", "--nginx",
-             timeout=1200)
+             "--routing", "prefix", timeout=1200)
         balancers = fleet.inventory_hosts(inventory)["loadbalancers"]
         assert balancers == ["inferfleet-lab-lb", fleet.NGINX_HOST], balancers
 
@@ -122,6 +163,7 @@ def test_a_simulated_fleet_deploys_verifies_rolls_and_scales(
         same = next(c for c in report["checks"] if c["check"] == "identical greedy answers")
         assert same["detail"].startswith(f"{len(NODES) + len(balancers)} answers"), same
         assert report["load"]["sent"] == 60 and report["load"]["failed"] == 0, report["load"]
+        _prefix_routing_keeps_tenants_together(inventory)
         _doctor_finds_the_queue(venv_bin, env, inventory)
 
         secrets = yaml.safe_load((inventory / "group_vars/all/secrets.yml").read_text())

@@ -558,6 +558,7 @@ def test_a_models_rollout_is_limited_to_its_instances_and_the_load_balancers(
 
 
 @pytest.mark.parametrize("args, words", [
+    (["--routing", "cache"], "--routing cache: use leastconn, roundrobin, prefix"),
     (["--engine", "gpu"], "--engine gpu: use vllm or sim"),
     (["--nodes", "6"], "the lab runs 2; for more nodes add --engine sim"),
     (["--nodes", "65", "--engine", "sim"], "--nodes 65: give 2 to 64"),
@@ -600,9 +601,10 @@ def test_a_simulated_lab_inventory_as_ansible_reads_it(tmp_path):
 
 
 def test_a_lab_inventory_with_nginx_as_ansible_reads_it(tmp_path):
-    """`lab up --nginx --nodes 3 --engine sim`: Nginx joins `loadbalancers` beside HAProxy,
-    neither a peer of a shared address, both with the sim lab's lifted rate limit; off
-    again, the file is gone and the lab has HAProxy alone."""
+    """`lab up --nginx --nodes 3 --engine sim --routing prefix`: Nginx joins `loadbalancers`
+    beside HAProxy, neither a peer of a shared address, both with the sim lab's lifted rate
+    limit, HAProxy alone routing by prefix (Nginx has no such routing); off again, the
+    files are gone and the lab has HAProxy alone, routing by leastconn."""
     from inferfleet.lab import fleet
 
     root = Path(__file__).resolve().parents[2]
@@ -612,6 +614,7 @@ def test_a_lab_inventory_with_nginx_as_ansible_reads_it(tmp_path):
         (lab / tracked).write_text((root / "inventories" / "lab" / tracked).read_text())
     fleet.write_nginx(lab, True)
     fleet.write_nodes(lab, 3, "sim")
+    fleet.write_routing(lab, "prefix")
     assert fleet.inventory_hosts(lab)["loadbalancers"] == ["inferfleet-lab-lb", fleet.NGINX_HOST]
     listed = json.loads(subprocess.run(
         [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(lab), "--list"],
@@ -620,11 +623,14 @@ def test_a_lab_inventory_with_nginx_as_ansible_reads_it(tmp_path):
     hostvars = listed["_meta"]["hostvars"]
     assert hostvars[fleet.NGINX_HOST]["load_balancer_kind"] == "nginx"
     assert "load_balancer_kind" not in hostvars["inferfleet-lab-lb"]  # HAProxy, the default
+    assert hostvars["inferfleet-lab-lb"]["load_balancer_routing"] == "prefix"
+    assert "load_balancer_routing" not in hostvars[fleet.NGINX_HOST]
     for lb in ("inferfleet-lab-lb", fleet.NGINX_HOST):
         assert hostvars[lb]["load_balancer_ha"] == "none"
         assert hostvars[lb]["load_balancer_rate_limit_requests"] == 100000
     fleet.write_nginx(lab, False)
-    assert not (lab / fleet.NGINX_FILE).exists()
+    fleet.write_routing(lab, "leastconn")
+    assert not (lab / fleet.NGINX_FILE).exists() and not (lab / fleet.ROUTING_FILE).exists()
     assert fleet.balancers(lab) == ["inferfleet-lab-lb"]
 
 

@@ -100,12 +100,21 @@ def up(
         help="A second load balancer, Nginx, beside HAProxy: the same engines and keys, "
         "a second endpoint.",
     ),
+    routing: str = typer.Option(
+        "leastconn",
+        "--routing",
+        help="HAProxy's load_balancer_routing: leastconn, roundrobin, or prefix (requests "
+        "whose prompts begin alike go to one engine; docs/load-balancer.md). Nginx keeps "
+        "leastconn.",
+    ),
 ) -> None:
     """Build the lab and deploy the tiny model on it; print a working endpoint."""
     from inferfleet.lab.wheelhouse import ensure_wheelhouse
 
     if models not in (1, 2):
         fail(f"--models {models}: the lab serves 1 model, or 2 (a second one on a third node)")
+    if routing not in fleet.ROUTINGS:
+        fail(f"--routing {routing}: use {', '.join(fleet.ROUTINGS)}")
     if engine not in fleet.ENGINES:
         fail(f"--engine {engine}: use {' or '.join(fleet.ENGINES)}")
     if engine == "vllm" and nodes != 2:
@@ -146,6 +155,7 @@ def up(
             console.print(f"published a tiny model to s3://{bucket}/{prefix}/{model}/{model_version}")
     fleet.write_models(LAB_INVENTORY, models)
     fleet.write_nginx(LAB_INVENTORY, nginx)
+    fleet.write_routing(LAB_INVENTORY, routing)
     fleet.write_nodes(LAB_INVENTORY, nodes, engine)
     groups = fleet.inventory_hosts(LAB_INVENTORY)
     hosts = [h for members in groups.values() for h in members]

@@ -66,10 +66,13 @@ def _load(
     busy = {h: after[h][1] - before[h][1] for h in after}
     mine = [n.host for n in fleet.serving_of(model)]
     # leastconn keeps every engine equally busy (requests in flight), so a slower
-    # engine rightly gets fewer requests: judge it by busy time; round robin and prefix
-    # routing (every request here has a prompt of its own) by count.
+    # engine rightly gets fewer requests: judge it by busy time; round robin by count.
+    # prefix routing sends each prompt (every request here has its own) to the engine
+    # that owns its hash: the shares are the hash ring's, so every engine must get some.
     by_count = fleet.routing != "leastconn"
     spread = {h: (counts if by_count else busy)[h] for h in mine}
+    even = (all(counts[h] > 0 for h in mine) if fleet.routing == "prefix"
+            else v.spread_is_even(spread))
     strays = {h: counts[h] for h in counts if h not in mine and counts[h] > 0}
     checks = [
         (
@@ -84,7 +87,7 @@ def _load(
         ),
         (
             f"load spread over every backend{of}",
-            v.spread_is_even(spread),
+            even,
             f"{f'requests ({fleet.routing})' if by_count else 'busy seconds (leastconn)'}: "
             + ", ".join(f"{h} {int(counts[h])} requests, {busy[h]:.1f} s busy" for h in mine),
         ),

@@ -7,7 +7,8 @@ host_vars/ with each host's address, group_vars/all/secrets.yml (mode 0600) with
 `write_models` adds the hosts of the lab's second model (`lab up --models 2`) as an
 inventory source of their own, models.yml; `write_nginx` a second load balancer, Nginx,
 beside HAProxy (`lab up --nginx`), nginx.yml; `write_nodes` the engine nodes past the first
-two and the engine they run (`lab up --nodes N --engine sim`), nodes.yml.
+two and the engine they run (`lab up --nodes N --engine sim`), nodes.yml; `write_routing`
+the HAProxy load balancers' routing (`lab up --routing prefix`), routing.yml.
 """
 
 from __future__ import annotations
@@ -100,6 +101,24 @@ def write_nginx(inventory: Path, on: bool) -> None:
     hosts[NGINX_HOST] = {"load_balancer_kind": "nginx", "load_balancer_ha": "none"}
     path.write_text(
         "---\n# written by `inferfleet lab up --nginx`: a second load balancer, Nginx\n"
+        + yaml.safe_dump({"all": {"children": {"loadbalancers": {"hosts": hosts}}}})
+    )
+
+
+ROUTINGS = ("leastconn", "roundrobin", "prefix")
+ROUTING_FILE = "routing.yml"
+
+
+def write_routing(inventory: Path, routing: str) -> None:
+    """routing.yml: the lab's HAProxy hosts with load_balancer_routing (Nginx keeps
+    leastconn: it has no prefix routing); with leastconn, the role's default, no such file."""
+    path = inventory / ROUTING_FILE
+    if routing == "leastconn":
+        path.unlink(missing_ok=True)
+        return
+    hosts = {lb: {"load_balancer_routing": routing} for lb in _own_balancers(inventory)}
+    path.write_text(
+        f"---\n# written by `inferfleet lab up --routing {routing}`\n"
         + yaml.safe_dump({"all": {"children": {"loadbalancers": {"hosts": hosts}}}})
     )
 
@@ -291,6 +310,7 @@ def remove_state(inventory: Path) -> None:
     (inventory / "models.yml").unlink(missing_ok=True)
     (inventory / NGINX_FILE).unlink(missing_ok=True)
     (inventory / NODES_FILE).unlink(missing_ok=True)
+    (inventory / ROUTING_FILE).unlink(missing_ok=True)
     (inventory / "group_vars" / "all" / "secrets.yml").unlink(missing_ok=True)
     ca_file(inventory).unlink(missing_ok=True)
 
