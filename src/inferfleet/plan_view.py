@@ -106,7 +106,43 @@ def network_need(plan: Plan) -> str:
     )
 
 
-def summary_table(plan: Plan) -> Table:
+# load_balancer_prefix_bytes' default over about 4 bytes a token of English text.
+PREFIX_ROUTING_TOKENS = 256 // 4
+
+
+def routing_advice(plan: Plan, shared_tokens: int | None, prefixes: int) -> dict:
+    """Which load_balancer_routing suits the workload (docs/load-balancer.md, "Routing"):
+    where the requests' shared prefixes (`prefixes` of `shared_tokens` each) are cached
+    under leastconn and under prefix routing, against an instance's KV capacity."""
+    if not plan.fits or plan.layout is None:
+        return {"routing": None, "why": "nothing fits"}
+    if plan.instances <= 1:
+        return {"routing": "leastconn",
+                "why": "one instance: every request finds its prefix there"}
+    if not shared_tokens:
+        return {"routing": "leastconn",
+                "why": f"leastconn keeps the {plan.instances} instances equally busy; if "
+                       "requests share long prefixes (system prompts, documents), give "
+                       "--shared-prefix-tokens and --prefixes"}
+    capacity = plan.layout.capacity.tokens
+    total = shared_tokens * prefixes
+    spread = -(-total // plan.instances)
+    held = (f"{prefixes:,} prefix(es) of {shared_tokens:,} tokens: under leastconn every "
+            f"instance prefills each once and holds them all ({total:,} tokens, "
+            f"{total / capacity:.0%} of its KV capacity"
+            + ("; more than it holds, so they evict each other" if total > capacity else "")
+            + f"); under prefix routing each is prefilled once for the fleet and an instance "
+            f"holds about 1/{plan.instances} ({spread:,} tokens, {spread / capacity:.0%})")
+    if shared_tokens < PREFIX_ROUTING_TOKENS:
+        return {"routing": "leastconn",
+                "why": f"{held}; but the shared part is shorter than the "
+                       f"{PREFIX_ROUTING_TOKENS} tokens or so that prefix routing hashes "
+                       "(load_balancer_prefix_bytes: 256), so a tenant would spread: "
+                       "lower load_balancer_prefix_bytes below it for prefix routing"}
+    return {"routing": "prefix", "why": held}
+
+
+def summary_table(plan: Plan, routing: dict | None = None) -> Table:
     data = plan.to_dict()
     model, weights, kv = data["model"], data["weights"], data["kv_cache"]
     table = Table(title=f"inferfleet plan: {plan.location}", show_header=False,
@@ -151,6 +187,8 @@ def summary_table(plan: Plan) -> Table:
                                       f"full-context sequences at once")
     if plan.network is not None:
         table.add_row("group network", network_need(plan))
+    if routing and routing["routing"]:
+        table.add_row("routing", f"load_balancer_routing: {routing['routing']} ({routing['why']})")
     for note in plan.notes:
         table.add_row("note", note)
     for suggestion in plan.suggestions:
@@ -158,10 +196,10 @@ def summary_table(plan: Plan) -> Table:
     return table
 
 
-def render(plan: Plan, console: Console | None = None) -> None:
+def render(plan: Plan, console: Console | None = None, routing: dict | None = None) -> None:
     """Print the table, the bars and the legend."""
     console = console or Console()
-    console.print(Group(summary_table(plan), Text(""), gpu_bars(plan), legend()))
+    console.print(Group(summary_table(plan, routing), Text(""), gpu_bars(plan), legend()))
 
 
 def _nodes(count: int) -> str:

@@ -700,6 +700,35 @@ def test_cli_refuses_a_rate_or_a_time_per_token_of_zero(flag):
     assert f"{flag} must be more than 0, not 0" in result.stderr
 
 
+def test_cli_says_which_routing_suits_the_shared_prefixes():
+    """Eight replicas of an 8B model, 200 tenants with 6,000-token system prompts: under
+    leastconn every replica would hold all of them (278 % of its KV capacity), under prefix
+    routing about an eighth: prefix. Without shared prefixes, with one instance, or with
+    prefixes shorter than what prefix routing hashes: leastconn, saying why."""
+    base = [str(CONFIGS / "llama-3.1-8b.json"), "--gpus-per-node", "1", "--gpu-memory-gib",
+            "80", "--nodes", "8", "--json"]
+    result = run_cli(*base, "--shared-prefix-tokens", "6000", "--prefixes", "200")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["instances"] == 8 and data["kv_capacity"]["tokens"] == 432_384, data
+    routing = data["routing"]
+    assert routing["routing"] == "prefix", routing
+    assert "(1,200,000 tokens, 278% of its KV capacity; more than it holds" in routing["why"]
+    assert "holds about 1/8 (150,000 tokens, 35%)" in routing["why"]
+    plain = json.loads(run_cli(*base).stdout)["routing"]
+    assert plain["routing"] == "leastconn" and "--shared-prefix-tokens" in plain["why"], plain
+    short = json.loads(run_cli(*base, "--shared-prefix-tokens", "32", "--prefixes", "50").stdout)
+    assert short["routing"]["routing"] == "leastconn", short["routing"]
+    assert "lower load_balancer_prefix_bytes" in short["routing"]["why"]
+    one = run_cli(str(CONFIGS / "llama-3.1-8b.json"), "--gpus-per-node", "1",
+                  "--gpu-memory-gib", "80", "--shared-prefix-tokens", "6000", "--json")
+    assert json.loads(one.stdout)["routing"]["routing"] == "leastconn"
+    table = run_cli(*base[:-1], "--shared-prefix-tokens", "6000", "--prefixes", "200")
+    assert "load_balancer_routing: prefix" in " ".join(table.stdout.split())
+    refused = run_cli(*base, "--prefixes", "0")
+    assert refused.exit_code == 2 and "--prefixes must be 1 or more, not 0" in refused.stderr
+
+
 # --- the Ansible filter ---------------------------------------------------------------
 
 

@@ -46,7 +46,7 @@ from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.plan impo
 from rich.console import Console
 from rich.markup import escape
 
-from inferfleet.plan_view import render, render_fleet
+from inferfleet.plan_view import render, render_fleet, routing_advice
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -404,6 +404,15 @@ def plan_command(
         DEFAULT_TPOT_MS, "--tpot-ms",
         help="Target time per output token (ms); a pipeline's network may take a tenth of it.",
     ),
+    shared_prefix_tokens: int | None = typer.Option(
+        None, "--shared-prefix-tokens",
+        help="Tokens many requests share at their start (a tenant's system prompt, a "
+             "document): the plan then says which load_balancer_routing suits them.",
+        show_default=False,
+    ),
+    prefixes: int = typer.Option(
+        1, "--prefixes", help="How many such shared prefixes are in use (tenants, documents)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     write_vars: Path | None = typer.Option(
         None, "--write-vars",
@@ -426,7 +435,13 @@ def plan_command(
         decode_rate=decode_rate,
         tpot_ms=tpot_ms,
     )
+    for flag, value in (("--shared-prefix-tokens", shared_prefix_tokens), ("--prefixes", prefixes)):
+        if value is not None and value < 1:
+            raise _error(f"{flag} must be 1 or more, not {value}.")
     if models is not None:
+        if shared_prefix_tokens is not None:
+            raise _error("--shared-prefix-tokens works with one MODEL; with --models, plan "
+                         "each model alone for its routing.")
         if model is not None:
             raise _error(f"give MODEL or --models, not both: list {model} in {models} instead.")
         if concurrency is not None:
@@ -449,10 +464,11 @@ def plan_command(
         )
     except PlannerError as err:
         raise _error(str(err)) from None
+    routing = routing_advice(plan, shared_prefix_tokens, prefixes)
     if as_json:
-        sys.stdout.write(json.dumps(plan.to_dict(), indent=2) + "\n")
+        sys.stdout.write(json.dumps({**plan.to_dict(), "routing": routing}, indent=2) + "\n")
     else:
-        render(plan, Console())
+        render(plan, Console(), routing)
     if not plan.fits:
         if write_vars is not None:
             raise _error(f"nothing fits, so {write_vars} was not written.", EXIT_DOES_NOT_FIT)
