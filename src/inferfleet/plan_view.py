@@ -14,6 +14,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from inferfleet.fleet import role_defaults
+
 BAR_WIDTH = 48
 _SEGMENTS = (
     ("weights", "█", "bold blue"),
@@ -106,8 +108,10 @@ def network_need(plan: Plan) -> str:
     )
 
 
-# load_balancer_prefix_bytes' default over about 4 bytes a token of English text.
-PREFIX_ROUTING_TOKENS = 256 // 4
+# The prompt bytes prefix routing hashes (the role's default), over about 4 bytes a token
+# of English text.
+PREFIX_BYTES = int(role_defaults("load_balancer")["load_balancer_prefix_bytes"])
+PREFIX_ROUTING_TOKENS = PREFIX_BYTES // 4
 
 
 def routing_advice(plan: Plan, shared_tokens: int | None, prefixes: int) -> dict:
@@ -137,7 +141,7 @@ def routing_advice(plan: Plan, shared_tokens: int | None, prefixes: int) -> dict
         return {"routing": "leastconn",
                 "why": f"{held}; but the shared part is shorter than the "
                        f"{PREFIX_ROUTING_TOKENS} tokens or so that prefix routing hashes "
-                       "(load_balancer_prefix_bytes: 256), so a tenant would spread: "
+                       f"(load_balancer_prefix_bytes: {PREFIX_BYTES}), so a tenant would spread: "
                        "lower load_balancer_prefix_bytes below it for prefix routing"}
     return {"routing": "prefix", "why": held}
 

@@ -22,6 +22,7 @@ import yaml
 
 from inferfleet.lab import tls
 from inferfleet.lab.services import LABEL, S3_ACCESS_KEY, S3_SECRET_KEY
+from inferfleet.paths import COLLECTION
 
 SYSTEMD_FLAGS = [
     "--cap-add",
@@ -105,7 +106,10 @@ def write_nginx(inventory: Path, on: bool) -> None:
     )
 
 
-ROUTINGS = ("leastconn", "roundrobin", "prefix")
+# The load balancer role's own list (its argument spec).
+ROUTINGS = tuple(yaml.safe_load(
+    (COLLECTION / "roles" / "load_balancer" / "meta" / "argument_specs.yml").read_text()
+)["argument_specs"]["main"]["options"]["load_balancer_routing"]["choices"])
 ROUTING_FILE = "routing.yml"
 
 
