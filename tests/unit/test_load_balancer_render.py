@@ -621,26 +621,39 @@ def _runtime(sock: Path, command: str) -> str:
         return b"".join(iter(lambda: s.recv(65536), b"")).decode()
 
 
+def _local_haproxy(tmp_path: Path, free_port, engines: dict, agents: dict | None = None,
+                   server: dict | None = None, **extra) -> tuple[Path, int, Path, subprocess.Popen]:
+    """The open HAProxy variant rendered for stand-in engines on 127.0.0.1 (each with its
+    agent's port, or a free one where no agent listens: the checks alone decide, and
+    `server` settings), on a free port with its runtime socket in tmp_path, and started:
+    (its configuration, the public port, the socket, the process)."""
+    backends = {
+        name: {"load_balancer_backend_address": "127.0.0.1",
+               "inference_engine_port": engine.server_address[1],
+               "inference_engine_agent_port": agents[name].port if agents else free_port(),
+               **(server or {})}
+        for name, engine in engines.items()
+    }
+    port, sock = free_port(), tmp_path / "admin.sock"
+    out = _render(tmp_path, backends, only=("haproxy_open",), extra={
+        "load_balancer_port": port, "load_balancer_bind_address": "127.0.0.1",
+        "load_balancer_admin_port": free_port(), "load_balancer_haproxy_runtime_socket": str(sock),
+        "load_balancer_haproxy_log": "stderr local0", "load_balancer_slowstart": "0s", **extra})
+    cfg = out / "haproxy_open" / "haproxy.cfg"
+    proxy = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return cfg, port, sock, proxy
+
+
 def test_haproxy_takes_out_an_engine_that_refuses_connections(tmp_path, free_port):
     """An engine whose process has exited refuses connections before the checks notice
     (here they never would: fall 50), while the other engine is busy (maxconn 1). The
     request must wait for the busy one, not fail once every retry went to the refuser."""
     gone, busy = _Engine("gone"), _Engine("busy", hold=3)
-    backends = {
-        name: {"load_balancer_backend_address": "127.0.0.1",
-               "inference_engine_port": engine.server_address[1],
-               "inference_engine_agent_port": free_port(),  # no agent: checks alone decide
-               "load_balancer_backend_maxconn": 1}
-        for name, engine in (("gone", gone), ("busy", busy))
-    }
-    port, admin, sock = free_port(), free_port(), tmp_path / "admin.sock"
-    out = _render(tmp_path, backends, only=("haproxy_open",), extra={
-        "load_balancer_port": port, "load_balancer_bind_address": "127.0.0.1",
-        "load_balancer_admin_port": admin, "load_balancer_haproxy_runtime_socket": str(sock),
-        "load_balancer_haproxy_log": "stderr local0", "load_balancer_slowstart": "0s",
-        "load_balancer_health_fall": 50, "load_balancer_health_rise": 1})
-    proxy = subprocess.Popen(["haproxy", "-db", "-f", str(out / "haproxy_open" / "haproxy.cfg")],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _, port, sock, proxy = _local_haproxy(
+        tmp_path, free_port, {"gone": gone, "busy": busy},
+        server={"load_balancer_backend_maxconn": 1},
+        load_balancer_health_fall=50, load_balancer_health_rise=1)
 
     def complete(prompt: str = "hi") -> tuple[int, str]:
         request = urllib.request.Request(
@@ -726,20 +739,8 @@ def test_haproxy_takes_out_an_engine_whose_agent_says_down(tmp_path, free_port):
     take it back when the agent says "up"."""
     engines = {name: _Engine(name) for name in ("stopping", "staying")}
     agents = {name: _Agent("up") for name in engines}
-    backends = {
-        name: {"load_balancer_backend_address": "127.0.0.1",
-               "inference_engine_port": engine.server_address[1],
-               "inference_engine_agent_port": agents[name].port}
-        for name, engine in engines.items()
-    }
-    port, admin, sock = free_port(), free_port(), tmp_path / "admin.sock"
-    out = _render(tmp_path, backends, only=("haproxy_open",), extra={
-        "load_balancer_port": port, "load_balancer_bind_address": "127.0.0.1",
-        "load_balancer_admin_port": admin, "load_balancer_haproxy_runtime_socket": str(sock),
-        "load_balancer_haproxy_log": "stderr local0", "load_balancer_slowstart": "0s",
-        "load_balancer_routing": "roundrobin"})
-    proxy = subprocess.Popen(["haproxy", "-db", "-f", str(out / "haproxy_open" / "haproxy.cfg")],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _, port, sock, proxy = _local_haproxy(tmp_path, free_port, engines, agents,
+                                          load_balancer_routing="roundrobin")
 
     def servers() -> dict:
         seen = haproxy_servers(_runtime(sock, "show stat -1 4 -1"), "inferfleet_engines")
@@ -786,24 +787,9 @@ def test_haproxy_prefix_routing_keeps_each_prefix_on_one_engine(tmp_path, free_p
     returns; a prefix whose engine is over the load bound spills to another; a body with
     no string prompt is balanced in turn."""
     engines = {name: _Engine(name, hold=3) for name in ("e1", "e2", "e3")}
-    backends = {
-        name: {"load_balancer_backend_address": "127.0.0.1",
-               "inference_engine_port": engine.server_address[1],
-               "inference_engine_agent_port": free_port()}  # no agent: checks alone decide
-        for name, engine in engines.items()
-    }
-    port, admin, sock = free_port(), free_port(), tmp_path / "admin.sock"
-    out = _render(tmp_path, backends, only=("haproxy_open",), extra={
-        "load_balancer_port": port, "load_balancer_bind_address": "127.0.0.1",
-        "load_balancer_admin_port": admin, "load_balancer_haproxy_runtime_socket": str(sock),
-        "load_balancer_haproxy_log": "stderr local0", "load_balancer_slowstart": "0s",
-        "load_balancer_routing": "prefix", "load_balancer_prefix_bytes": 32})
-    cfg = (out / "haproxy_open" / "haproxy.cfg").read_text()
-    backend = _section(cfg, "backend inferfleet_engines")
-    assert "balance hash var(txn.prefix)" in backend and "hash-balance-factor 200" in backend
-    assert "tune.bufsize 262144" in _section(cfg, "global")
-    proxy = subprocess.Popen(["haproxy", "-db", "-f", str(out / "haproxy_open" / "haproxy.cfg")],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cfg_path, port, sock, proxy = _local_haproxy(
+        tmp_path, free_port, engines, load_balancer_routing="prefix",
+        load_balancer_prefix_bytes=32)
 
     def post(body: str, path: str = "/v1/completions", settle: bool = True) -> str:
         # HAProxy ends a stream a moment after the client has its answer; the bound counts
@@ -828,6 +814,10 @@ def test_haproxy_prefix_routing_keeps_each_prefix_on_one_engine(tmp_path, free_p
                 for i in range(4)}
 
     try:
+        cfg = cfg_path.read_text()
+        backend = _section(cfg, "backend inferfleet_engines")
+        assert "balance hash var(txn.prefix)" in backend and "hash-balance-factor 200" in backend
+        assert "tune.bufsize 262144" in _section(cfg, "global")
         for _ in range(100):
             seen = _runtime(sock, "show stat -1 4 -1") if sock.exists() else ""
             if {s["status"] for s in haproxy_servers(seen, "inferfleet_engines")} == {"UP"}:
