@@ -203,6 +203,19 @@ CASES = {
          "load_balancer_prefix_balance_factor must be 0 (no bound) or a percentage above 100",
          "not 90"],
     ),
+    "Nginx keeps idle engine connections longer than an engine": (
+        _inventory(lb={"load_balancer_kind": "nginx"},
+                   backends={"node1": {"ansible_host": "10.0.0.11"},
+                             "node2": {"ansible_host": "10.0.0.12", "inference_engine_extra_env":
+                                       {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "3"}}}),
+        ["load_balancer_nginx_keepalive_timeout (4) must be whole seconds",
+         "every engine behind lb1: node2 closes idle connections after 3 s (VLLM_HTTP_TIMEOUT"],
+    ),
+    "Nginx's idle limit not whole seconds": (
+        _inventory(lb={"load_balancer_kind": "nginx",
+                       "load_balancer_nginx_keepalive_timeout": "4s"}),
+        ['load_balancer_nginx_keepalive_timeout ("4s") must be whole seconds'],
+    ),
     "allowed path not a path": (
         _inventory(lb={"load_balancer_allowed_paths": ["v1/completions"]}),
         ["load_balancer_allowed_paths must list exact paths"],

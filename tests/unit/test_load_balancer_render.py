@@ -587,12 +587,31 @@ def test_nginx_key_patterns_match_exactly(two):
 
 class _Engine(http.server.ThreadingHTTPServer):
     """A stand-in engine on 127.0.0.1: /health 200, every POST answered with its name,
-    after `hold` seconds for a body that asks to be slow."""
+    after `hold` seconds for a body that asks to be slow. With `idle`, it keeps
+    connections open (HTTP/1.1) and closes one idle for `idle` seconds, as vLLM does
+    (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); `closed` lists who closed each: "engine" or "peer"."""
 
     daemon_threads = True
 
-    def __init__(self, name: str, hold: float = 0):
+    def __init__(self, name: str, hold: float = 0, idle: float | None = None):
+        closed = self.closed = []
+
         class Handler(http.server.BaseHTTPRequestHandler):
+            if idle is not None:
+                protocol_version, timeout = "HTTP/1.1", idle
+
+            def handle(self):
+                super().handle()
+                if idle is not None:
+                    closed.append("engine" if self.timed_out else "peer")
+
+            def handle_one_request(self):
+                self.timed_out = False
+                super().handle_one_request()
+
+            def log_error(self, message, *args):  # the standard library's word for a timeout
+                self.timed_out = self.timed_out or message.startswith("Request timed out")
+
             def _answer(self, body: bytes) -> None:
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
@@ -643,6 +662,45 @@ def _local_haproxy(tmp_path: Path, free_port, engines: dict, agents: dict | None
     proxy = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return cfg, port, sock, proxy
+
+
+def test_nginx_closes_an_idle_engine_connection_before_the_engine(tmp_path, free_port):
+    """vLLM closes a connection idle for 5 s; a request Nginx sends on it as it closes
+    fails, and Nginx never re-sends a POST (a 502 to the client: CI saw one in a rollout).
+    With the role's defaults Nginx must close its idle connection first."""
+    engine = _Engine("engine", idle=5)
+    port = free_port()
+    out = _render(tmp_path, {"node1": {"load_balancer_backend_address": "127.0.0.1",
+                                       "inference_engine_port": engine.server_address[1]}},
+                  only=("nginx_open",),
+                  extra={"load_balancer_port": port, "load_balancer_bind_address": "127.0.0.1",
+                         "load_balancer_admin_port": free_port()})
+    conf = out / "nginx_open" / "nginx.conf"
+    conf.write_text(re.sub(r"(?m)^pid .*;$", f"pid {tmp_path / 'nginx.pid'};", conf.read_text()))
+    proxy = subprocess.Popen(["nginx", "-c", str(conf), "-g", "daemon off;"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(100):
+            try:
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                                 data=b'{"prompt": "hi"}')
+                with urllib.request.urlopen(request, timeout=5) as answer:
+                    assert (answer.status, answer.read()) == (200, b"engine")
+                break
+            except urllib.error.URLError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("Nginx never answered")
+        answered = time.monotonic()
+        while not engine.closed and time.monotonic() - answered < 8:
+            time.sleep(0.05)
+        closed_after = time.monotonic() - answered
+    finally:
+        proxy.terminate()
+        log = proxy.communicate(timeout=10)[0]
+        engine.shutdown()
+    assert engine.closed == ["peer"], (engine.closed, log)
+    assert closed_after < 5, closed_after
 
 
 def test_haproxy_takes_out_an_engine_that_refuses_connections(tmp_path, free_port):
