@@ -12,8 +12,8 @@ so no phase finds another's in the caches.
 Phases: `single` sends the workload straight to the first engine (the best any routing
 can do for the hit rate: one cache sees every prefix); then, for each `--modes` entry,
 site.yml sets `load_balancer_routing` on the lab's load balancer (`prefix/200` sets
-load_balancer_prefix_balance_factor 200 as well) and the workload goes through it. The
-inventory's own setting is put back at the end.
+load_balancer_prefix_balance_factor 200 as well, `prefix` leaves the inventory's) and
+the workload goes through it. The inventory's own setting is put back at the end.
 
 Per phase: the fleet's token hit rate (the engines' vllm:prefix_cache_hits_total over
 _queries_total), that rate against `single`'s, TTFT p50/p90 and output tokens/s (from

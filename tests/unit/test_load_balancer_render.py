@@ -847,11 +847,12 @@ def test_haproxy_prefix_routing_keeps_each_prefix_on_one_engine(tmp_path, free_p
     engines = {name: _Engine(name, hold=3) for name in ("e1", "e2", "e3")}
     cfg_path, port, sock, proxy = _local_haproxy(
         tmp_path, free_port, engines, load_balancer_routing="prefix",
-        load_balancer_prefix_bytes=32)
+        load_balancer_prefix_bytes=32, load_balancer_prefix_balance_factor=200)
 
     def post(body: str, path: str = "/v1/completions", settle: bool = True) -> str:
         # HAProxy ends a stream a moment after the client has its answer; the bound counts
-        # it (whole requests: with three engines and one in flight, 1, 1 and 2 slots), so
+        # it (factor 200, whole requests: with three engines and one in flight, 1, 1 and 2
+        # slots; the default 300 would never bound three engines' requests), so
         # one request after another waits for the last to end, as the test means them to.
         for _ in range(200 if settle else 0):
             seen = load_balancer_seen(
