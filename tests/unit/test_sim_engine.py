@@ -202,6 +202,29 @@ def test_the_openai_surface(engine_url):
     assert len(text.split()) == 4 and chunks[-1]["usage"]["completion_tokens"] == 4
 
 
+def test_bodies_in_chunks_and_refused_bodies_leave_a_kept_connection_clean(engine_url):
+    """A router may stream a request's body in chunks (vllm-router does); a refused
+    request's body is read all the same: the next request on the connection is whole."""
+    import http.client
+
+    body = json.dumps({"model": "sim-model", "prompt": "one two three", "max_tokens": 3})
+    connection = http.client.HTTPConnection(engine_url.removeprefix("http://"), timeout=10)
+
+    def post(key: str, chunked: bool) -> int:
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        parts = iter([body[:7].encode(), body[7:].encode()])  # http.client chunks an iterable
+        connection.request("POST", "/v1/completions", parts if chunked else body, headers,
+                           encode_chunked=chunked)
+        answer = connection.getresponse()
+        text = answer.read()
+        assert answer.status != 200 or len(json.loads(text)["choices"][0]["text"].split()) == 3
+        return answer.status
+
+    assert [post("sk-sim", True), post("wrong", True), post("wrong", False),
+            post("sk-sim", True), post("sk-sim", False)] == [200, 401, 401, 200, 200]
+    connection.close()
+
+
 def test_a_burst_of_connections_waits_for_the_engine_instead_of_being_reset(engine_url):
     ask = {"model": "sim-model", "prompt": "one two", "max_tokens": 20}
     with ThreadPoolExecutor(max_workers=200) as pool:

@@ -445,8 +445,28 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, {"detail": "Not Found"})
 
+    def _body(self) -> bytes:
+        """The request's body, sent with a length or in chunks (as routers and proxies
+        stream it), read whole whatever the answer: what is left unread on a kept
+        connection would be taken for the next request."""
+        if "chunked" not in self.headers.get("Transfer-Encoding", "").lower():
+            return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        parts = []
+        while size := int(self.rfile.readline().split(b";")[0].strip(), 16):
+            parts.append(self.rfile.read(size))
+            self.rfile.readline()  # the CRLF that ends a chunk
+        while self.rfile.readline().strip():  # trailers, up to the empty line
+            pass
+        return b"".join(parts)
+
     def do_POST(self):  # noqa: N802 - http.server's name
         started = time.monotonic()
+        try:
+            raw = self._body()
+        except ValueError:
+            self.close_connection = True  # where the next request starts is unknown
+            self._error(400, "bad request: a malformed chunked body", "BadRequestError")
+            return
         if not self._authorized():
             return
         chat = self.path == "/v1/chat/completions"
@@ -454,7 +474,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"detail": "Not Found"})
             return
         try:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            body = json.loads(raw or b"{}")
             if chat:
                 prompt = "\n".join(str(m.get("content", "")) for m in body["messages"])
             else:
