@@ -225,6 +225,30 @@ def test_bodies_in_chunks_and_refused_bodies_leave_a_kept_connection_clean(engin
     connection.close()
 
 
+def test_render_endpoints_answer_token_ids_only_when_scale_out_is_enabled(engine_url):
+    """vllm-router's cache_aware asks an engine to render a request into token ids
+    (vLLM: /v1/completions/render, /v1/chat/completions/render, with --enable-scale-out;
+    403 without). Equal prefixes render to equal leading ids."""
+    ask = {"model": "sim-model", "prompt": "shared system prompt then question one"}
+    status, body = call(f"{engine_url}/v1/completions/render", ask)
+    assert status == 403 and "--enable-scale-out" in json.loads(body)["error"]["message"]
+    sim.Handler.scale_out = True  # the fixture's handler class inherits it
+    try:
+        status, body = call(f"{engine_url}/v1/completions/render", ask)
+        first = json.loads(body)
+        assert status == 200 and isinstance(first, list) and len(first[0]["token_ids"]) == 6
+        other = json.loads(call(f"{engine_url}/v1/completions/render",
+                                {**ask, "prompt": "shared system prompt then question two"})[1])
+        assert first[0]["token_ids"][:5] == other[0]["token_ids"][:5]
+        assert first[0]["token_ids"][5] != other[0]["token_ids"][5]
+        chat = {"model": "sim-model", "messages": [{"role": "user", "content": "one two"}]}
+        status, body = call(f"{engine_url}/v1/chat/completions/render", chat)
+        assert status == 200 and len(json.loads(body)["token_ids"]) == 2
+        assert call(f"{engine_url}/v1/completions/render", ask, key="wrong")[0] == 401
+    finally:
+        sim.Handler.scale_out = False
+
+
 def test_a_burst_of_connections_waits_for_the_engine_instead_of_being_reset(engine_url):
     ask = {"model": "sim-model", "prompt": "one two", "max_tokens": 20}
     with ThreadPoolExecutor(max_workers=200) as pool:

@@ -2,7 +2,8 @@
 (scale, routing and fault-timing tests; never a functional scenario's engine).
 
 It serves vLLM's OpenAI surface (completions and chat, streaming with usage, /health,
-/v1/models, /version, the API key) and the /metrics names our roles read, and answers
+/v1/models, /version, the API key; with --enable-scale-out, as vLLM, the render
+endpoints a router reads token ids from) and the /metrics names our roles read, and answers
 with the timing of a latency model instead of a model's arithmetic:
 - a request is admitted when a sequence slot and the KV-cache blocks for its prompt are
   free, else it waits (vllm:num_requests_waiting);
@@ -30,6 +31,7 @@ import queue
 import sys
 import threading
 import time
+import uuid
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -400,6 +402,7 @@ class Handler(BaseHTTPRequestHandler):
     api_key: str | None
     version: str
     max_model_len: int
+    scale_out: bool = False
 
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         pass
@@ -469,9 +472,18 @@ class Handler(BaseHTTPRequestHandler):
             return
         if not self._authorized():
             return
-        chat = self.path == "/v1/chat/completions"
-        if self.path not in ("/v1/completions", "/v1/chat/completions"):
+        path = self.path.removesuffix("/render")
+        chat = path == "/v1/chat/completions"
+        if path not in ("/v1/completions", "/v1/chat/completions"):
             self._send(404, {"detail": "Not Found"})
+            return
+        if path != self.path and not self.scale_out:
+            self._error(
+                403,
+                "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out "
+                "to enable them.",
+                "PermissionDeniedError",
+            )
             return
         try:
             body = json.loads(raw or b"{}")
@@ -496,6 +508,13 @@ class Handler(BaseHTTPRequestHandler):
                 f"this model's maximum context length is {self.max_model_len} tokens",
                 "BadRequestError",
             )
+            return
+        if path != self.path:
+            # vLLM's render endpoints: the request as token ids (what a router such as
+            # vllm-router's cache_aware matches against what it sent each engine before);
+            # a list for completions, one object for chat.
+            rendered = {"request_id": uuid.uuid4().hex, "token_ids": tokens_of(prompt)}
+            self._send(200, rendered if chat else [rendered])
             return
         seq = self.engine.submit(prompt, max_tokens)
         words = answer(self.engine.model, prompt, seq.max_tokens)
@@ -595,6 +614,9 @@ def main() -> None:
     parser.add_argument(
         "--start-delay", type=float, default=0.0, help="seconds before listening (a slow start)"
     )
+    parser.add_argument(
+        "--enable-scale-out", action="store_true", help="serve the render endpoints, as vLLM"
+    )
     args, ignored = parser.parse_known_args()
     name = args.served_model_name or args.model
     if not name:
@@ -626,6 +648,7 @@ def main() -> None:
     Handler.engine = Engine(profile, name, args.enable_prefix_caching)
     Handler.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
     Handler.version, Handler.max_model_len = args.version, args.max_model_len
+    Handler.scale_out = args.enable_scale_out
     time.sleep(args.start_delay)
     server = Server((args.host, args.port), Handler)
     server.serve_forever()
