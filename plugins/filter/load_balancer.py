@@ -298,6 +298,38 @@ def load_balancer_ha(host: str, groups: Mapping, hostvars: Mapping, settings: Ma
     }
 
 
+def load_balancer_routers(servers: list, settings: Mapping) -> list:
+    """cache_aware: one vllm-router per model backend, in the order the backends first
+    appear: its `backend`, loopback `port` and `metrics_port` (`settings`' base ports plus
+    the backend's index) and `settings` for vllm-router itself (vllm_router's RouterArgs
+    names: the workers are the backend's servers that may receive requests, as
+    http://address:port; `settings["router"]` holds the rest, the engines' key among them).
+    """
+    backends: dict[str, list] = {}
+    for server in servers:
+        backends.setdefault(server["backend"], [])
+        if int(server["weight"]) > 0:
+            backends[server["backend"]].append(f"http://{server['address']}:{server['port']}")
+    routers = []
+    for index, (backend, workers) in enumerate(backends.items()):
+        port = int(settings["port"]) + index
+        metrics_port = int(settings["metrics_port"]) + index
+        routers.append({
+            "backend": backend,
+            "port": port,
+            "metrics_port": metrics_port,
+            "settings": {
+                **settings["router"],
+                "worker_urls": workers,
+                "host": "127.0.0.1",
+                "port": port,
+                "prometheus_host": "127.0.0.1",
+                "prometheus_port": metrics_port,
+            },
+        })
+    return routers
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -306,4 +338,5 @@ class FilterModule:
             "haproxy_backends": haproxy_backends,
             "load_balancer_seen": load_balancer_seen,
             "load_balancer_ha": load_balancer_ha,
+            "load_balancer_routers": load_balancer_routers,
         }

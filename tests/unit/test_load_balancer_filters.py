@@ -7,6 +7,7 @@ from ansible_collections.inferfleet.fleet.plugins.filter.load_balancer import (
     haproxy_queues,
     haproxy_servers,
     load_balancer_ha,
+    load_balancer_routers,
     load_balancer_servers,
 )
 
@@ -163,3 +164,24 @@ def test_the_engines_backends_queues_are_read_from_show_stat():
     assert haproxy_queues(stat, "inferfleet_engines") == {
         "inferfleet_engines": {"queued": 24, "sessions": 40},
         "inferfleet_engines_coder": {"queued": 0, "sessions": 0}}
+
+
+def test_cache_aware_has_one_router_per_backend_over_its_servers_that_take_requests():
+    servers = [
+        {"backend": "inferfleet_engines", "address": "10.0.0.11", "port": 8000, "weight": 100},
+        {"backend": "inferfleet_engines_beta", "address": "10.0.0.13", "port": 8001, "weight": 100},
+        {"backend": "inferfleet_engines", "address": "10.0.0.12", "port": 8000, "weight": 0},
+        {"backend": "inferfleet_engines", "address": "10.0.0.14", "port": 8000, "weight": 50},
+    ]
+    settings = {"port": 8600, "metrics_port": 8700,
+                "router": {"policy": "cache_aware", "api_key": "k", "port": 1, "host": "0.0.0.0"}}
+    assert load_balancer_routers(servers, settings) == [
+        {"backend": "inferfleet_engines", "port": 8600, "metrics_port": 8700, "settings": {
+            "policy": "cache_aware", "api_key": "k", "host": "127.0.0.1", "port": 8600,
+            "worker_urls": ["http://10.0.0.11:8000", "http://10.0.0.14:8000"],
+            "prometheus_host": "127.0.0.1", "prometheus_port": 8700}},
+        {"backend": "inferfleet_engines_beta", "port": 8601, "metrics_port": 8701, "settings": {
+            "policy": "cache_aware", "api_key": "k", "host": "127.0.0.1", "port": 8601,
+            "worker_urls": ["http://10.0.0.13:8001"],
+            "prometheus_host": "127.0.0.1", "prometheus_port": 8701}},
+    ]
