@@ -1,8 +1,7 @@
 """Start vllm-router (load_balancer_routing: cache_aware) from a JSON file of its settings.
 
-The file holds the engines' API key, so it is never on a command line or in the unit:
-systemd hands it over as a credential (LoadCredential=settings:PATH, readable by this
-service alone), or the path is the only argument. Its keys are vllm-router's own
+The file (the only argument) holds the engines' API key, which so never reaches a
+command line or the unit; only root and the router's user read it. Its keys are vllm-router's own
 (vllm_router.router_args.RouterArgs: worker_urls, port, policy, api_key, ...); an
 unknown key stops the start with its name.
 """
@@ -11,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -19,14 +17,11 @@ from vllm_router.launch_router import launch_router
 from vllm_router.router_args import RouterArgs
 
 
-def settings_path(argv: list[str]) -> Path:
-    if len(argv) > 1:
-        return Path(argv[1])
-    return Path(os.environ["CREDENTIALS_DIRECTORY"]) / "settings"
-
-
 def main(argv: list[str]) -> int:
-    path = settings_path(argv)
+    if len(argv) != 2:
+        print("usage: router_launch.py SETTINGS.json", file=sys.stderr)
+        return 2
+    path = Path(argv[1])
     settings = json.loads(path.read_text())
     known = {f.name for f in dataclasses.fields(RouterArgs)}
     unknown = sorted(set(settings) - known)
