@@ -474,6 +474,28 @@ def test_haproxy_peers_keep_the_rate_counters_in_step(pair, two):
     assert "peers" not in cfg and "localpeer" not in cfg
 
 
+def test_haproxy_cache_aware_sends_each_model_to_its_router(tmp_path):
+    """cache_aware: each model's backend has one server, this host's router on loopback
+    (ports from load_balancer_router_port on, in backend order), checked on /readiness
+    (its /health fails while any engine is down); the edge's keys and the engines' key
+    stay as they are."""
+    out = _render(tmp_path, MODELS, only=("haproxy",),
+                  extra={"inferfleet_model_name": "alpha", "load_balancer_routing": "cache_aware"})
+    _haproxy_check(out / "haproxy")
+    cfg = (out / "haproxy" / "haproxy.cfg").read_text()
+    routers = {}
+    for backend in ("inferfleet_engines", "inferfleet_engines_org_beta-1.5"):
+        lines = _section(cfg, f"backend {backend}")
+        assert [line for line in lines if line.startswith("server ")] == [
+            line for line in lines if line.startswith("server router 127.0.0.1:")], lines
+        routers[backend] = next(line.split()[2] for line in lines if line.startswith("server "))
+        assert "http-check send meth GET uri /readiness ver HTTP/1.1 hdr Host inferfleet-lb" in lines
+        assert not any(line.startswith("balance ") for line in lines), lines
+        assert any("Authorization" in line and "upstream" in line for line in lines), lines
+    assert routers == {"inferfleet_engines": "127.0.0.1:8600",
+                       "inferfleet_engines_org_beta-1.5": "127.0.0.1:8601"}
+
+
 def test_a_single_model_fleet_keeps_its_configuration(two):
     cfg = (two / "haproxy" / "haproxy.cfg").read_text()
     directives = [line.strip() for line in cfg.splitlines()
