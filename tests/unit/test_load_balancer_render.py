@@ -489,7 +489,8 @@ def test_haproxy_cache_aware_sends_each_model_to_its_router(tmp_path):
         assert [line for line in lines if line.startswith("server ")] == [
             line for line in lines if line.startswith("server router 127.0.0.1:")], lines
         routers[backend] = next(line.split()[2] for line in lines if line.startswith("server "))
-        assert "http-check send meth GET uri /readiness ver HTTP/1.1 hdr Host inferfleet-lb" in lines
+        check = "http-check send meth GET uri /readiness ver HTTP/1.1 hdr Host inferfleet-lb"
+        assert check in lines, lines
         assert not any(line.startswith("balance ") for line in lines), lines
         assert any("Authorization" in line and "upstream" in line for line in lines), lines
     assert routers == {"inferfleet_engines": "127.0.0.1:8600",
