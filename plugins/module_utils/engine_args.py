@@ -85,8 +85,13 @@ def serve_args(s: Mapping[str, Any]) -> list[str]:
     if prefix is not None and prefix != "":
         args.append("--enable-prefix-caching" if _truthy(prefix) else "--no-enable-prefix-caching")
     flag("--shutdown-timeout", "shutdown_timeout")
+    extra = [str(a) for a in s.get("extra_args") or []]
+    if _truthy(s.get("scale_out")) and "--enable-scale-out" not in extra:
+        # vLLM's render endpoints, which a cache_aware router reads token ids from
+        # (keyed like /v1 when the engine has an API key)
+        args.append("--enable-scale-out")
     args.extend(group_args(s.get("group")))
-    args.extend(str(a) for a in s.get("extra_args") or [])
+    args.extend(extra)
     return args
 
 

@@ -14,6 +14,7 @@ VLLM_SERVE_FLAGS = {
     "--enable-prefix-caching", "--no-enable-prefix-caching", "--shutdown-timeout",
     "--enforce-eager", "--api-key", "--model", "--nnodes", "--node-rank",
     "--master-addr", "--master-port", "--headless", "--distributed-executor-backend",
+    "--enable-scale-out",
 }
 DTYPES = {"auto", "bfloat16", "float", "float16", "float32", "half"}
 
@@ -84,6 +85,17 @@ def test_unset_settings_render_no_flag():
 def test_prefix_caching_on_and_off(value, flag):
     args = ea.serve_args({"model_path": "/m", "enable_prefix_caching": value})
     assert args == ["/m", flag]
+
+
+@pytest.mark.parametrize("scale_out, extra, expected", [
+    (True, [], ["/m", "--enable-scale-out"]),
+    ("false", [], ["/m"]),
+    (True, ["--enable-scale-out"], ["/m", "--enable-scale-out"]),  # said once
+])
+def test_scale_out_endpoints_for_a_cache_aware_router(scale_out, extra, expected):
+    args = ea.serve_args({"model_path": "/m", "scale_out": scale_out, "extra_args": extra})
+    assert args == expected
+    assert flags(args) <= VLLM_SERVE_FLAGS
 
 
 def test_dtype_choices_are_vllms():
