@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import ipaddress
+import json
 import re
 from collections.abc import Mapping
 
@@ -159,6 +160,30 @@ def load_balancer_seen(result: Mapping, backend: str) -> dict:
     stat = result.get("stdout", "")
     return {"kind": "haproxy", "servers": haproxy_servers(stat, backend),
             "queues": haproxy_queues(stat, backend), "error": ""}
+
+
+def load_balancer_router_seen(result: Mapping, servers: list) -> dict:
+    """One cache_aware load balancer's entry of tasks/servers.yml's fact, from its looped
+    files/router_state.py result: each server of `servers` (the inventory's) is UP in its
+    backend's router, DOWN (listed, its health check failing) or MAINT (not listed: taken
+    out), as HAProxy would say; an unreadable router is the entry's error."""
+    if result.get("rc") != 0:
+        error = (result.get("stderr") or result.get("msg") or "no answer").strip()
+        return {"kind": "haproxy", "servers": [], "queues": {}, "error": error}
+    routers = json.loads(result.get("stdout") or "{}")
+    seen, errors = [], [r["error"] for r in routers.values() if r.get("error")]
+    for server in servers:
+        router = routers.get(server["backend"])
+        if router is None or router.get("error"):
+            continue
+        url = f"http://{server['address']}:{server['port']}"
+        status = ("MAINT" if url not in router["workers"]
+                  else "DOWN" if url in router["unhealthy"] else "UP")
+        seen.append({"name": server["name"], "backend": server["backend"], "status": status,
+                     "agent_down": False, "weight": "", "uweight": "",
+                     "addr": f"{server['address']}:{server['port']}", "check_status": "",
+                     "last_chk": ""})
+    return {"kind": "haproxy", "servers": seen, "queues": {}, "error": "; ".join(errors)}
 
 
 def _ipv4(host: str, hv: Mapping) -> str | None:
@@ -339,4 +364,5 @@ class FilterModule:
             "load_balancer_seen": load_balancer_seen,
             "load_balancer_ha": load_balancer_ha,
             "load_balancer_routers": load_balancer_routers,
+            "load_balancer_router_seen": load_balancer_router_seen,
         }

@@ -7,6 +7,7 @@ from ansible_collections.inferfleet.fleet.plugins.filter.load_balancer import (
     haproxy_queues,
     haproxy_servers,
     load_balancer_ha,
+    load_balancer_router_seen,
     load_balancer_routers,
     load_balancer_servers,
 )
@@ -185,3 +186,21 @@ def test_cache_aware_has_one_router_per_backend_over_its_servers_that_take_reque
             "worker_urls": ["http://10.0.0.13:8001"],
             "prometheus_host": "127.0.0.1", "prometheus_port": 8701}},
     ]
+
+
+def test_cache_aware_servers_are_read_from_the_routers_as_haproxy_would_name_their_state():
+    servers = [
+        {"name": "node1", "backend": "b", "address": "10.0.0.11", "port": 8000},
+        {"name": "node2", "backend": "b", "address": "10.0.0.12", "port": 8000},
+        {"name": "node3", "backend": "b", "address": "10.0.0.13", "port": 8000},
+        {"name": "node4", "backend": "gone", "address": "10.0.0.14", "port": 8000},
+    ]
+    state = ('{"b": {"workers": ["http://10.0.0.11:8000", "http://10.0.0.12:8000"], '
+             '"unhealthy": ["http://10.0.0.12:8000"], "error": ""}, '
+             '"gone": {"workers": [], "unhealthy": [], "error": "router on port 8601: refused"}}')
+    seen = load_balancer_router_seen({"rc": 0, "stdout": state}, servers)
+    assert [(s["name"], s["status"]) for s in seen["servers"]] == [
+        ("node1", "UP"), ("node2", "DOWN"), ("node3", "MAINT")]
+    assert seen["error"] == "router on port 8601: refused" and seen["kind"] == "haproxy"
+    failed = load_balancer_router_seen({"rc": 1, "stderr": "no python3"}, servers)
+    assert failed == {"kind": "haproxy", "servers": [], "queues": {}, "error": "no python3"}
