@@ -9,6 +9,7 @@ defaults, so mixed hardware is described where the hardware is: on the host.
 
 from __future__ import annotations
 
+import base64
 import csv
 import ipaddress
 import json
@@ -160,6 +161,25 @@ def load_balancer_seen(result: Mapping, backend: str) -> dict:
     stat = result.get("stdout", "")
     return {"kind": "haproxy", "servers": haproxy_servers(stat, backend),
             "queues": haproxy_queues(stat, backend), "error": ""}
+
+
+def load_balancer_router_changes(routers: list, before: list) -> list:
+    """cache_aware, a membership change at runtime: for each router of `routers`
+    (load_balancer_routers), what its admin API must do to go from the workers its
+    settings file listed (`before`: the looped slurp results, in the same order; a router
+    without one is new and starts with its whole list) to those it lists now: [{port,
+    op: add_worker | remove_worker, url}], removals first."""
+    changes = []
+    for router, read in zip(routers, before, strict=True):
+        if not read.get("content"):
+            continue
+        old = json.loads(base64.b64decode(read["content"]))["worker_urls"]
+        new = router["settings"]["worker_urls"]
+        changes += [{"port": router["port"], "op": "remove_worker", "url": u}
+                    for u in old if u not in new]
+        changes += [{"port": router["port"], "op": "add_worker", "url": u}
+                    for u in new if u not in old]
+    return sorted(changes, key=lambda c: c["op"] != "remove_worker")
 
 
 def load_balancer_router_seen(result: Mapping, servers: list) -> dict:
@@ -365,4 +385,5 @@ class FilterModule:
             "load_balancer_ha": load_balancer_ha,
             "load_balancer_routers": load_balancer_routers,
             "load_balancer_router_seen": load_balancer_router_seen,
+            "load_balancer_router_changes": load_balancer_router_changes,
         }

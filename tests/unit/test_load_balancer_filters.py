@@ -7,6 +7,7 @@ from ansible_collections.inferfleet.fleet.plugins.filter.load_balancer import (
     haproxy_queues,
     haproxy_servers,
     load_balancer_ha,
+    load_balancer_router_changes,
     load_balancer_router_seen,
     load_balancer_routers,
     load_balancer_servers,
@@ -204,3 +205,22 @@ def test_cache_aware_servers_are_read_from_the_routers_as_haproxy_would_name_the
     assert seen["error"] == "router on port 8601: refused" and seen["kind"] == "haproxy"
     failed = load_balancer_router_seen({"rc": 1, "stderr": "no python3"}, servers)
     assert failed == {"kind": "haproxy", "servers": [], "queues": {}, "error": "no python3"}
+
+
+def test_cache_aware_membership_changes_are_the_routers_add_and_remove_calls():
+    import base64
+    import json
+
+    def read(urls):
+        return {"content": base64.b64encode(json.dumps({"worker_urls": urls}).encode()).decode()}
+
+    routers = [
+        {"port": 8600, "settings": {"worker_urls": ["http://a:1", "http://c:1"]}},
+        {"port": 8601, "settings": {"worker_urls": ["http://d:1"]}},  # new: started whole
+        {"port": 8602, "settings": {"worker_urls": ["http://e:1"]}},
+    ]
+    before = [read(["http://a:1", "http://b:1"]), {"failed": True}, read(["http://e:1"])]
+    assert load_balancer_router_changes(routers, before) == [
+        {"port": 8600, "op": "remove_worker", "url": "http://b:1"},
+        {"port": 8600, "op": "add_worker", "url": "http://c:1"},
+    ]
