@@ -423,9 +423,10 @@ def test_playbooks_hand_the_cli_their_reports_as_set_stats_data(tmp_path, runs_d
     assert result.rc == 0, result.failures
     assert result.data == {
         "inferfleet_status_balancers": {
-            "lb1": {"kind": "nginx", "backends": {}, "virtual_ip": "127.0.0.1",
+            "lb1": {"kind": "nginx", "backends": {}, "routers": {}, "virtual_ip": "127.0.0.1",
                     "holds_virtual_ip": True},
-            "lb2": {"kind": "nginx", "backends": {}, "virtual_ip": "", "holds_virtual_ip": False},
+            "lb2": {"kind": "nginx", "backends": {}, "routers": {}, "virtual_ip": "",
+                    "holds_virtual_ip": False},
         }
     }
 
@@ -628,6 +629,16 @@ def test_a_lab_inventory_with_nginx_as_ansible_reads_it(tmp_path):
     for lb in ("inferfleet-lab-lb", fleet.NGINX_HOST):
         assert hostvars[lb]["load_balancer_ha"] == "none"
         assert hostvars[lb]["load_balancer_rate_limit_requests"] == 100000
+    assert "load_balancer_router_pip_find_links" not in hostvars["inferfleet-lab-lb"]
+    fleet.write_routing(lab, "cache_aware")  # the router installs from the mounted wheels
+    listed = json.loads(subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(lab), "--list"],
+        capture_output=True, text=True, check=True).stdout)
+    hostvars = listed["_meta"]["hostvars"]
+    assert hostvars["inferfleet-lab-lb"]["load_balancer_routing"] == "cache_aware"
+    assert (hostvars["inferfleet-lab-lb"]["load_balancer_router_pip_find_links"]
+            == fleet.ROUTER_WHEELS_MOUNT)
+    assert "load_balancer_routing" not in hostvars[fleet.NGINX_HOST]
     fleet.write_nginx(lab, False)
     fleet.write_routing(lab, "leastconn")
     assert not (lab / fleet.NGINX_FILE).exists() and not (lab / fleet.ROUTING_FILE).exists()
@@ -652,6 +663,29 @@ def test_lab_up_without_nginx_on_a_lab_that_has_it_is_refused(tmp_path, monkeypa
     assert result.exit_code == 1, result.output
     assert "the lab runs as `lab up --nodes 2 --engine vllm --nginx`" in words, words
     assert (inventory / fleet.NGINX_FILE).is_file()
+
+
+def test_cache_aware_on_a_lab_made_without_the_router_wheels_is_refused(tmp_path, monkeypatch):
+    """`lab up --routing cache_aware` on a running lab whose load balancer was made
+    without vllm-router's wheels mounted says to take the lab down first, and changes
+    nothing."""
+    from inferfleet.commands import lab as lab_cmd
+    from inferfleet.lab import fleet
+
+    inventory = tmp_path / "lab"
+    inventory.mkdir()
+    root = Path(__file__).resolve().parents[2]
+    (inventory / "hosts.yml").write_text((root / "inventories/lab/hosts.yml").read_text())
+    monkeypatch.setattr(lab_cmd, "LAB_INVENTORY", inventory)
+    monkeypatch.setattr(lab_cmd, "require_lab", lambda: None)
+    monkeypatch.setattr(lab_cmd.services, "containers", lambda name: ["inferfleet-lab-lb"])
+    monkeypatch.setattr(fleet, "mounts", lambda host: ["/opt/inferfleet/wheelhouse"])
+    result = cli.invoke(app, ["lab", "up", "--routing", "cache_aware"])
+    words = " ".join(result.output.split())
+    assert result.exit_code == 1, result.output
+    assert "inferfleet-lab-lb runs without vllm-router's wheels" in words, words
+    assert "run `inferfleet lab down` first" in words, words
+    assert not (inventory / fleet.ROUTING_FILE).exists()
 
 
 def test_lab_hosts_beyond_the_inotify_limit_are_refused_with_the_fix():

@@ -39,3 +39,17 @@ def test_a_marker_with_the_same_pins_makes_it_a_no_op(tmp_path, monkeypatch):
             "python": wheelhouse.TARGET_PYTHON, "platform": wheelhouse.TARGET_PLATFORM}
     (tmp_path / wheelhouse.MARKER).write_text(json.dumps(pins))
     assert wheelhouse.ensure_wheelhouse(tmp_path) == tmp_path
+
+
+def test_router_wheels_download_the_role_s_version_once(tmp_path, monkeypatch):
+    """`lab up --routing cache_aware`: vllm-router at the load_balancer role's version and
+    its requirements, for the node image; a second call with the marker in place is a
+    no-op."""
+    asked = []
+    monkeypatch.setattr(wheelhouse, "_pip_download", lambda dest, args, extra: asked.append(args))
+    assert wheelhouse.ensure_router_wheels(tmp_path) == tmp_path
+    assert asked == [[f"vllm-router=={wheelhouse.ROUTER_VERSION}"]]
+    assert wheelhouse.ensure_router_wheels(tmp_path) == tmp_path
+    assert len(asked) == 1
+    assert wheelhouse.ensure_router_wheels(tmp_path, version="0.0.1") == tmp_path
+    assert asked[-1] == ["vllm-router==0.0.1"]  # another version: downloaded again

@@ -103,13 +103,14 @@ def up(
     routing: str = typer.Option(
         "leastconn",
         "--routing",
-        help="HAProxy's load_balancer_routing: leastconn, roundrobin, or prefix (requests "
-        "whose prompts begin alike go to one engine; docs/load-balancer.md). Nginx keeps "
-        "leastconn.",
+        help="HAProxy's load_balancer_routing: leastconn, roundrobin, prefix (requests "
+        "whose prompts begin alike go to one engine), or cache_aware (vllm-router beside "
+        "HAProxy sends each request to the engine caching most of its prompt); "
+        "docs/load-balancer.md. Nginx keeps leastconn.",
     ),
 ) -> None:
     """Build the lab and deploy the tiny model on it; print a working endpoint."""
-    from inferfleet.lab.wheelhouse import ensure_wheelhouse
+    from inferfleet.lab.wheelhouse import ensure_router_wheels, ensure_wheelhouse
 
     if models not in (1, 2):
         fail(f"--models {models}: the lab serves 1 model, or 2 (a second one on a third node)")
@@ -136,9 +137,18 @@ def up(
         was = "--models 2" if was_models == 2 else f"--nodes {was_nodes} --engine {was_engine}"
         was += " --nginx" if was_nginx else ""
         fail(f"the lab runs as `lab up {was}`: run `inferfleet lab down` first, or `lab up {was}`")
+    if routing == "cache_aware" and services.containers(LAB_NAME):
+        # a load balancer made by a `lab up` without it lacks the router's wheels
+        made = {h: fleet.mounts(h) for h in fleet.balancers(LAB_INVENTORY)}
+        bare = [h for h, m in made.items() if m is not None and fleet.ROUTER_WHEELS_MOUNT not in m]
+        if bare:
+            fail(f"{', '.join(bare)} runs without vllm-router's wheels (made by a `lab up` "
+                 "without --routing cache_aware): run `inferfleet lab down` first")
     try:
         image = ensure_node_image(log=console.print)
         wheelhouse = ensure_wheelhouse(log=console.print) if engine == "vllm" else None
+        router_wheels = (ensure_router_wheels(log=console.print) if routing == "cache_aware"
+                         else None)
     except (BuildError, OSError) as err:  # OSError: a tool that is not there at all
         fail(f"{err}; install it (in a clone, `make setup` does)" if isinstance(err, OSError)
              else str(err))
@@ -163,7 +173,7 @@ def up(
     if shortfall:
         fail(shortfall)
     try:
-        fleet.create(LAB_NAME, lab.network, image, hosts, wheelhouse)
+        fleet.create(LAB_NAME, lab.network, image, hosts, wheelhouse, router_wheels)
     except fleet.BootError as err:
         fail(str(err))
     balancers = groups["loadbalancers"]

@@ -37,6 +37,8 @@ SYSTEMD_FLAGS = [
     "/sys/fs/cgroup:/sys/fs/cgroup:ro",
 ]
 WHEELHOUSE_MOUNT = "/opt/inferfleet/wheelhouse"
+# `lab up --routing cache_aware`: vllm-router's wheels, for the load balancers' routers.
+ROUTER_WHEELS_MOUNT = "/opt/inferfleet/router-wheels"
 
 
 # The lab's second model: its own weights (another seed), on a node of its own.
@@ -120,7 +122,10 @@ def write_routing(inventory: Path, routing: str) -> None:
     if routing == "leastconn":
         path.unlink(missing_ok=True)
         return
-    hosts = {lb: {"load_balancer_routing": routing} for lb in _own_balancers(inventory)}
+    settings: dict = {"load_balancer_routing": routing}
+    if routing == "cache_aware":  # the router installs from the wheels `lab up` mounts
+        settings["load_balancer_router_pip_find_links"] = ROUTER_WHEELS_MOUNT
+    hosts = {lb: dict(settings) for lb in _own_balancers(inventory)}
     path.write_text(
         f"---\n# written by `inferfleet lab up --routing {routing}`\n"
         + yaml.safe_dump({"all": {"children": {"loadbalancers": {"hosts": hosts}}}})
@@ -202,12 +207,26 @@ def inotify_shortfall(hosts: int, limit: int | None = None) -> str:
     return f"{hosts} lab hosts need about {need} inotify instances, and " + inotify_fix(need)
 
 
+def mounts(host: str) -> list[str] | None:
+    """Where a lab host's container has folders mounted; None when there is no such
+    container."""
+    out = subprocess.run(
+        ["docker", "container", "inspect", "-f", "{{range .Mounts}}{{.Destination}} {{end}}",
+         host], capture_output=True, text=True,
+    )
+    return out.stdout.split() if out.returncode == 0 else None
+
+
 def create(
-    lab: str, network: str, image: str, hosts: list[str], wheelhouse: Path | None
+    lab: str, network: str, image: str, hosts: list[str], wheelhouse: Path | None,
+    router_wheels: Path | None = None,
 ) -> None:
-    """Start each host's container (the wheelhouse mounted, for vLLM's install), and
-    raise BootError naming those whose systemd did not stay up."""
+    """Start each host's container (the wheelhouse mounted, for vLLM's install, and the
+    router's wheels, for cache_aware routing), and raise BootError naming those whose
+    systemd did not stay up."""
     mount = ["-v", f"{wheelhouse}:{WHEELHOUSE_MOUNT}:ro"] if wheelhouse else []
+    if router_wheels:
+        mount += ["-v", f"{router_wheels}:{ROUTER_WHEELS_MOUNT}:ro"]
     for host in hosts:
         if (
             subprocess.run(["docker", "container", "inspect", host], capture_output=True).returncode

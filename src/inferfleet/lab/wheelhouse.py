@@ -43,6 +43,11 @@ TORCH_VERSION = _ENGINE["inference_engine_cpu_torch_version"]
 EXCLUDE = ("torchvision", "torchaudio", "torchcodec")
 DEFAULT_DIR = Path.home() / ".cache" / "inferfleet" / "wheelhouse"
 MARKER = ".inferfleet-wheelhouse.json"
+# `lab up --routing cache_aware`: vllm-router (the load_balancer role's version) and its
+# requirements, for the load balancers, in a folder of their own.
+_BALANCER = yaml.safe_load((COLLECTION / "roles/load_balancer/defaults/main.yml").read_text())
+ROUTER_VERSION = _BALANCER["load_balancer_router_version"]
+ROUTER_DIR = DEFAULT_DIR.parent / "router-wheels"
 
 # The node image: Debian 12, CPython 3.11, glibc 2.36, x86-64.
 TARGET_PYTHON = "3.11"
@@ -147,6 +152,22 @@ def ensure_wheelhouse(
         _pip_download(dest, ["-r", req_file], extra)
     finally:
         os.unlink(req_file)
+    marker.write_text(json.dumps(pins, indent=2, sort_keys=True) + "\n")
+    return dest
+
+
+def ensure_router_wheels(
+    dest: Path = ROUTER_DIR, version: str = ROUTER_VERSION, log=print
+) -> Path:
+    """Fill `dest` with vllm-router==`version` and its requirements for the node image;
+    return `dest`. No-op when already done."""
+    pins = {"vllm-router": version, "python": TARGET_PYTHON, "platform": TARGET_PLATFORM}
+    marker = dest / MARKER
+    if marker.is_file() and json.loads(marker.read_text()) == pins:
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    log(f"router wheels {dest}: vllm-router=={version} and its requirements")
+    _pip_download(dest, [f"vllm-router=={version}"], [])
     marker.write_text(json.dumps(pins, indent=2, sort_keys=True) + "\n")
     return dest
 
