@@ -186,12 +186,15 @@ def load_balancer_router_seen(result: Mapping, servers: list) -> dict:
     """One cache_aware load balancer's entry of tasks/servers.yml's fact, from its looped
     files/router_state.py result: each server of `servers` (the inventory's) is UP in its
     backend's router, DOWN (listed, its health check failing) or MAINT (not listed: taken
-    out), as HAProxy would say; an unreadable router is the entry's error."""
+    out), as HAProxy would say; `routers` holds each backend's routing decisions; an
+    unreadable router is the entry's error."""
     if result.get("rc") != 0:
         error = (result.get("stderr") or result.get("msg") or "no answer").strip()
         return {"kind": "haproxy", "servers": [], "queues": {}, "error": error}
     routers = json.loads(result.get("stdout") or "{}")
     seen, errors = [], [r["error"] for r in routers.values() if r.get("error")]
+    decisions = {backend: r.get("decisions") or {} for backend, r in routers.items()
+                 if not r.get("error")}
     for server in servers:
         router = routers.get(server["backend"])
         if router is None or router.get("error"):
@@ -203,7 +206,8 @@ def load_balancer_router_seen(result: Mapping, servers: list) -> dict:
                      "agent_down": False, "weight": "", "uweight": "",
                      "addr": f"{server['address']}:{server['port']}", "check_status": "",
                      "last_chk": ""})
-    return {"kind": "haproxy", "servers": seen, "queues": {}, "error": "; ".join(errors)}
+    return {"kind": "haproxy", "servers": seen, "queues": {}, "routers": decisions,
+            "error": "; ".join(errors)}
 
 
 def _ipv4(host: str, hv: Mapping) -> str | None:
@@ -345,14 +349,16 @@ def load_balancer_ha(host: str, groups: Mapping, hostvars: Mapping, settings: Ma
 
 def load_balancer_routers(servers: list, settings: Mapping) -> list:
     """cache_aware: one vllm-router per model backend, in the order the backends first
-    appear: its `backend`, loopback `port` and `metrics_port` (`settings`' base ports plus
+    appear: its `backend`, `model`, loopback `port` and `metrics_port` (`settings`' base ports plus
     the backend's index) and `settings` for vllm-router itself (vllm_router's RouterArgs
     names: the workers are the backend's servers that may receive requests, as
     http://address:port; `settings["router"]` holds the rest, the engines' key among them).
     """
     backends: dict[str, list] = {}
+    models: dict[str, str] = {}
     for server in servers:
         backends.setdefault(server["backend"], [])
+        models.setdefault(server["backend"], server["model"])
         if int(server["weight"]) > 0:
             backends[server["backend"]].append(f"http://{server['address']}:{server['port']}")
     routers = []
@@ -361,6 +367,7 @@ def load_balancer_routers(servers: list, settings: Mapping) -> list:
         metrics_port = int(settings["metrics_port"]) + index
         routers.append({
             "backend": backend,
+            "model": models[backend],
             "port": port,
             "metrics_port": metrics_port,
             "settings": {

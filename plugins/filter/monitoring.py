@@ -25,7 +25,7 @@ from ansible_collections.inferfleet.fleet.plugins.module_utils.instances import 
     whole_number,
 )
 
-JOBS = ("engine", "loadbalancer", "node", "dcgm")
+JOBS = ("engine", "loadbalancer", "router", "node", "dcgm")
 WILDCARDS = {"", "0.0.0.0", "::", "*", "[::]"}
 
 
@@ -94,7 +94,7 @@ def _members(groups: Mapping, hostvars: Mapping) -> dict[str, dict]:
 
 
 def monitoring_scrape_targets(groups: Mapping, hostvars: Mapping, options: Mapping) -> dict:
-    """{job: [file_sd target group, ...]} for engine, loadbalancer, node and dcgm.
+    """{job: [file_sd target group, ...]} for engine, loadbalancer, router, node and dcgm.
 
     `options`: node_groups (the groups whose hosts run a node exporter), node_exporter_port,
     dcgm_exporter_port, dcgm_default (the role's monitoring_dcgm_exporter_enabled on this
@@ -132,6 +132,21 @@ def monitoring_scrape_targets(groups: Mapping, hostvars: Mapping, options: Mappi
             },
         })
 
+    # cache_aware: each model's vllm-router, whose metrics HAProxy's admin bind serves at
+    # the metrics path + /router/<model> (load_balancer_routing's default is leastconn).
+    models = sorted({m["inferfleet_model"] for m in members.values()})
+    for lb in jobs["loadbalancer"]:
+        hv = _hv(hostvars, lb["labels"]["instance"])
+        if str(hv.get("load_balancer_routing", "leastconn")) != "cache_aware":
+            continue
+        path = lb["labels"]["__metrics_path__"]
+        for model in models:
+            jobs["router"].append({
+                "targets": lb["targets"],
+                "labels": {"instance": lb["labels"]["instance"], "inferfleet_model": model,
+                           "__metrics_path__": f"{path}/router/{model}"},
+            })
+
     nodes = _unique([h for g in options["node_groups"] for h in groups.get(g, [])])
     for host in nodes:
         hv = _hv(hostvars, host)
@@ -158,7 +173,8 @@ def monitoring_scrape_targets(groups: Mapping, hostvars: Mapping, options: Mappi
         })
 
     for job in jobs.values():
-        job.sort(key=lambda group: group["labels"]["instance"])
+        job.sort(key=lambda group: (group["labels"]["instance"], group["labels"].get(
+            "inferfleet_model", "")))
     return jobs
 
 

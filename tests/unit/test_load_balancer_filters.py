@@ -170,19 +170,25 @@ def test_the_engines_backends_queues_are_read_from_show_stat():
 
 def test_cache_aware_has_one_router_per_backend_over_its_servers_that_take_requests():
     servers = [
-        {"backend": "inferfleet_engines", "address": "10.0.0.11", "port": 8000, "weight": 100},
-        {"backend": "inferfleet_engines_beta", "address": "10.0.0.13", "port": 8001, "weight": 100},
-        {"backend": "inferfleet_engines", "address": "10.0.0.12", "port": 8000, "weight": 0},
-        {"backend": "inferfleet_engines", "address": "10.0.0.14", "port": 8000, "weight": 50},
+        {"backend": "inferfleet_engines", "model": "m", "address": "10.0.0.11", "port": 8000,
+         "weight": 100},
+        {"backend": "inferfleet_engines_beta", "model": "beta", "address": "10.0.0.13",
+         "port": 8001, "weight": 100},
+        {"backend": "inferfleet_engines", "model": "m", "address": "10.0.0.12", "port": 8000,
+         "weight": 0},
+        {"backend": "inferfleet_engines", "model": "m", "address": "10.0.0.14", "port": 8000,
+         "weight": 50},
     ]
     settings = {"port": 8600, "metrics_port": 8700,
                 "router": {"policy": "cache_aware", "api_key": "k", "port": 1, "host": "0.0.0.0"}}
     assert load_balancer_routers(servers, settings) == [
-        {"backend": "inferfleet_engines", "port": 8600, "metrics_port": 8700, "settings": {
+        {"backend": "inferfleet_engines", "model": "m", "port": 8600, "metrics_port": 8700,
+         "settings": {
             "policy": "cache_aware", "api_key": "k", "host": "127.0.0.1", "port": 8600,
             "worker_urls": ["http://10.0.0.11:8000", "http://10.0.0.14:8000"],
             "prometheus_host": "127.0.0.1", "prometheus_port": 8700}},
-        {"backend": "inferfleet_engines_beta", "port": 8601, "metrics_port": 8701, "settings": {
+        {"backend": "inferfleet_engines_beta", "model": "beta", "port": 8601,
+         "metrics_port": 8701, "settings": {
             "policy": "cache_aware", "api_key": "k", "host": "127.0.0.1", "port": 8601,
             "worker_urls": ["http://10.0.0.13:8001"],
             "prometheus_host": "127.0.0.1", "prometheus_port": 8701}},
@@ -197,12 +203,14 @@ def test_cache_aware_servers_are_read_from_the_routers_as_haproxy_would_name_the
         {"name": "node4", "backend": "gone", "address": "10.0.0.14", "port": 8000},
     ]
     state = ('{"b": {"workers": ["http://10.0.0.11:8000", "http://10.0.0.12:8000"], '
-             '"unhealthy": ["http://10.0.0.12:8000"], "error": ""}, '
+             '"unhealthy": ["http://10.0.0.12:8000"], "error": "", '
+             '"decisions": {"prefix_hit": 7.0, "prefix_miss": 3.0}}, '
              '"gone": {"workers": [], "unhealthy": [], "error": "router on port 8601: refused"}}')
     seen = load_balancer_router_seen({"rc": 0, "stdout": state}, servers)
     assert [(s["name"], s["status"]) for s in seen["servers"]] == [
         ("node1", "UP"), ("node2", "DOWN"), ("node3", "MAINT")]
     assert seen["error"] == "router on port 8601: refused" and seen["kind"] == "haproxy"
+    assert seen["routers"] == {"b": {"prefix_hit": 7.0, "prefix_miss": 3.0}}
     failed = load_balancer_router_seen({"rc": 1, "stderr": "no python3"}, servers)
     assert failed == {"kind": "haproxy", "servers": [], "queues": {}, "error": "no python3"}
 
@@ -224,3 +232,31 @@ def test_cache_aware_membership_changes_are_the_routers_add_and_remove_calls():
         {"port": 8600, "op": "remove_worker", "url": "http://b:1"},
         {"port": 8600, "op": "add_worker", "url": "http://c:1"},
     ]
+
+
+def test_router_state_reads_workers_health_and_decisions(monkeypatch):
+    """files/router_state.py against a router's answers: its workers, the unhealthy ones
+    its /health names, and its routing decisions summed over labels."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "roles/load_balancer/files/router_state.py"
+    spec = importlib.util.spec_from_file_location("router_state", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    answers = {
+        (8600, "/list_workers"): (200, '{"urls": ["http://a:8000", "http://b:8000"]}'),
+        (8600, "/health"): (503, 'Unhealthy servers: ["http://b:8000"]'),
+        (8700, "/metrics"): (200, (
+            '# TYPE vllm_router_prefix_routing_decisions_total counter\n'
+            'vllm_router_prefix_routing_decisions_total{policy="cache_aware",stage="regular",'
+            'outcome="prefix_hit"} 136\n'
+            'vllm_router_prefix_routing_decisions_total{policy="cache_aware",stage="other",'
+            'outcome="prefix_hit"} 4\n'
+            'vllm_router_prefix_routing_decisions_total{policy="cache_aware",stage="regular",'
+            'outcome="prefix_miss"} 190\n')),
+    }
+    monkeypatch.setattr(module, "read", lambda port, path: answers[(port, path)])
+    assert module.state(8600, 8700) == {
+        "workers": ["http://a:8000", "http://b:8000"], "unhealthy": ["http://b:8000"],
+        "decisions": {"prefix_hit": 140.0, "prefix_miss": 190.0}, "error": ""}

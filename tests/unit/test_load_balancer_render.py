@@ -478,7 +478,7 @@ def test_haproxy_cache_aware_sends_each_model_to_its_router(tmp_path):
     """cache_aware: each model's backend has one server, this host's router on loopback
     (ports from load_balancer_router_port on, in backend order), checked on /readiness
     (its /health fails while any engine is down); the edge's keys and the engines' key
-    stay as they are."""
+    stay as they are; each router's metrics are on the admin address."""
     out = _render(tmp_path, MODELS, only=("haproxy",),
                   extra={"inferfleet_model_name": "alpha", "load_balancer_routing": "cache_aware"})
     _haproxy_check(out / "haproxy")
@@ -495,6 +495,22 @@ def test_haproxy_cache_aware_sends_each_model_to_its_router(tmp_path):
         assert any("Authorization" in line and "upstream" in line for line in lines), lines
     assert routers == {"inferfleet_engines": "127.0.0.1:8600",
                        "inferfleet_engines_org_beta-1.5": "127.0.0.1:8601"}
+    # the edge (keys, limits, allowed paths, routing by model) is leastconn's, line for line
+    (tmp_path / "leastconn").mkdir()
+    plain = _render(tmp_path / "leastconn", MODELS, only=("haproxy",),
+                    extra={"inferfleet_model_name": "alpha"})
+    public = "frontend inferfleet_public"
+    assert _section(cfg, public) == _section(
+        (plain / "haproxy" / "haproxy.cfg").read_text().replace(str(plain), str(out)), public)
+    # each router's metrics on the admin address, at the metrics path + /router/<model>
+    admin = _section(cfg, "frontend inferfleet_admin")
+    metrics = {}
+    for index, (model, port) in enumerate((("alpha", 8700), ("org/beta-1.5", 8701))):
+        assert (f"use_backend inferfleet_router_metrics_{index} if "
+                f"{{ path /metrics/router/{model} }}") in admin, admin
+        metrics[model] = _section(cfg, f"backend inferfleet_router_metrics_{index}")
+        assert metrics[model] == ["http-request set-path /metrics",
+                                  f"server router 127.0.0.1:{port}"], metrics
 
 
 def test_a_single_model_fleet_keeps_its_configuration(two):

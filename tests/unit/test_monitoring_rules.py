@@ -62,7 +62,7 @@ ENGINES = {
 LBS = {
     "lb1": {"ansible_host": "192.0.2.1", "load_balancer_admin_address": "10.0.0.1"},
     "lb2": {"ansible_host": "10.0.0.2", "load_balancer_admin_address": "0.0.0.0",
-            "load_balancer_admin_port": 9404},
+            "load_balancer_admin_port": 9404, "load_balancer_routing": "cache_aware"},
 }
 
 
@@ -131,8 +131,8 @@ def test_promtool_check_config(rendered):
 def test_prometheus_yml_scrapes_every_job_from_its_file(rendered):
     config = yaml.safe_load((rendered / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    assert set(jobs) == {"prometheus", "engine", "loadbalancer", "node", "dcgm"}
-    for name in ("engine", "loadbalancer", "node", "dcgm"):
+    assert set(jobs) == {"prometheus", "engine", "loadbalancer", "router", "node", "dcgm"}
+    for name in ("engine", "loadbalancer", "router", "node", "dcgm"):
         assert jobs[name]["file_sd_configs"] == [
             {"files": [str(rendered / "inferfleet-targets" / f"{name}.json")]}]
     assert config["rule_files"] == [str(rendered / "rules" / "inferfleet.rules.yml")]
@@ -191,6 +191,17 @@ def test_load_balancer_targets_use_the_admin_bind(rendered):
     # A wildcard bind is reached at the host's own address.
     assert lbs["lb2"]["targets"] == ["10.0.0.2:9404"]
     assert {lb["__metrics_path__"] for lb in lbs.values()} == {"/metrics"}
+
+
+def test_each_model_s_router_is_scraped_through_a_cache_aware_load_balancer(rendered):
+    """lb2 routes cache_aware: a target per model, its router's metrics on the admin bind;
+    lb1 (leastconn) has none."""
+    groups = json.loads((rendered / "inferfleet-targets" / "router.json").read_text())
+    assert groups == [
+        {"targets": ["10.0.0.2:9404"], "labels": {
+            "instance": "lb2", "inferfleet_model": model,
+            "__metrics_path__": f"/metrics/router/{model}"}}
+        for model in ("coder", "m")]
 
 
 def test_preflight_refuses_a_loopback_admin_bind_for_a_remote_prometheus(tmp_path):

@@ -3,7 +3,7 @@
 
 from rich.console import Console
 
-from inferfleet.commands.status import edge_line, edge_view, status_table
+from inferfleet.commands.status import edge_line, edge_view, router_lines, status_table
 
 
 def node(instance, rank, host, healthy=True, version="v1", lb="inferfleet-lab-lb: UP"):
@@ -79,3 +79,20 @@ def test_the_floating_address_shows_who_holds_it():
     balancers["lb1"]["holds_virtual_ip"] = balancers["lb2"]["holds_virtual_ip"] = True
     assert edge_line(edge_view(balancers)[0]).endswith("held by 2 load balancers at once: lb1, lb2")
     assert edge_view({"lb": {"kind": "haproxy"}}) == []  # one load balancer, no address
+
+
+def test_each_router_says_how_it_routed():
+    """cache_aware: one line per load balancer and backend, with the share routed to the
+    engine holding the prefix; load balancers without routers say nothing."""
+    balancers = {
+        "lb2": {"kind": "haproxy", "routers": {"inferfleet_engines": {"prefix_hit": 30.0,
+                                                                      "prefix_miss": 10.0}}},
+        "lb1": {"kind": "haproxy", "routers": {"inferfleet_engines": {}}},
+        "nginx": {"kind": "nginx"},
+    }
+    assert router_lines(balancers) == [
+        "router lb1/inferfleet_engines: 0 requests routed, 0 to the engine holding their "
+        "prefix, 0 to the least busy",
+        "router lb2/inferfleet_engines: 40 requests routed, 30 (75%) to the engine holding "
+        "their prefix, 10 to the least busy",
+    ]

@@ -30,6 +30,20 @@ def lb_view(balancers: dict[str, dict], instance: str) -> str:
     return ", ".join(views)
 
 
+def router_lines(balancers: dict[str, dict]) -> list[str]:
+    """cache_aware: per load balancer and backend, how its router has routed since it
+    started: to the engine holding the prompt's prefix, or (none holding it) the least busy."""
+    lines = []
+    for lb, msg in sorted(balancers.items()):
+        for backend, seen in sorted((msg.get("routers") or {}).items()):
+            hit, miss = seen.get("prefix_hit", 0.0), seen.get("prefix_miss", 0.0)
+            share = f" ({hit / (hit + miss):.0%})" if hit + miss else ""
+            lines.append(f"router {lb}/{backend}: {hit + miss:.0f} requests routed, "
+                         f"{hit:.0f}{share} to the engine holding their prefix, {miss:.0f} "
+                         "to the least busy")
+    return lines
+
+
 PROMETHEUS_FIGURES = ("requests_per_s", "ttft_p95_s", "kv_cache_use")
 
 
@@ -314,10 +328,12 @@ def status(
             )
             rows[-1].update({name: figures.get(name) for name in PROMETHEUS_FIGURES})
     edges = edge_view(balancers)
+    routers = {lb: msg["routers"] for lb, msg in balancers.items() if msg.get("routers")}
     if as_json:
         print(
             json.dumps(
-                {"nodes": rows, "edge": edges, "prometheus": prom, "failures": result.failures},
+                {"nodes": rows, "edge": edges, "routers": routers, "prometheus": prom,
+                 "failures": result.failures},
                 indent=2,
             )
         )
@@ -326,6 +342,8 @@ def status(
         for edge in edges:
             color = "" if len(edge["held_by"]) == 1 else "[red]"
             console.print(f"{color}{edge_line(edge)}{'[/]' if color else ''}", soft_wrap=True)
+        for line in router_lines(balancers):
+            console.print(line, soft_wrap=True)
         if prom:
             for name, error in prom["errors"].items():
                 console.print(f"[yellow]Prometheus on {prom['host']}: {name}: {error}[/]")
