@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import secrets
 import ssl
 import threading
 import time
@@ -101,6 +102,7 @@ class LoadReport:
     p95: float
     p99: float
     errors: list[str] = field(default_factory=list)
+    concurrency: int = 0
 
     @property
     def throughput(self) -> float:
@@ -118,11 +120,15 @@ def run_load(
 ) -> LoadReport:
     """Send `count` completions, `concurrency` at a time; bounded in count and time."""
     stop_at = time.monotonic() + deadline_s
+    run = secrets.token_hex(4)
 
     def one(i: int) -> Call:
         if time.monotonic() > stop_at:
             return Call(False, 0, 0.0, error="not sent: load deadline passed")
-        return complete(base, model, key, prompt=f"{PROMPT} request {i}", max_tokens=max_tokens)
+        # Each prompt begins with its own number and this run's: no two share a prefix,
+        # here or with an earlier run's, so routings that follow prefixes (prefix,
+        # cache_aware) spread them like any other.
+        return complete(base, model, key, prompt=f"{i} {run}: {PROMPT}", max_tokens=max_tokens)
 
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -138,13 +144,15 @@ def run_load(
         percentile(ok, 95),
         percentile(ok, 99),
         errors,
+        concurrency,
     )
 
 
 class LoadLoop:
     """Completions sent until the `with` block ends: `workers` at a time, in turn to each
-    of `bases`, each worker pausing `pause` seconds between two. Every call is kept with
-    the moment it started (time.monotonic())."""
+    of `bases`, each worker pausing `pause` seconds between two, every prompt `prompt`
+    and a number of its own. Every call is kept with the moment it started
+    (time.monotonic())."""
 
     def __init__(
         self,
@@ -154,8 +162,9 @@ class LoadLoop:
         workers: int = 2,
         pause: float = 0.0,
         max_tokens: int = 16,
+        prompt: str = PROMPT,
     ):
-        self.bases, self.model, self.key = bases, model, key
+        self.bases, self.model, self.key, self.prompt = bases, model, key, prompt
         self.workers, self.pause, self.max_tokens = workers, pause, max_tokens
         self.calls: list[tuple[float, Call]] = []
         self._stop = threading.Event()
@@ -166,7 +175,7 @@ class LoadLoop:
         while not self._stop.is_set():
             base = self.bases[i % len(self.bases)]
             started = time.monotonic()
-            call = complete(base, self.model, self.key, f"{PROMPT} loop {i}", self.max_tokens)
+            call = complete(base, self.model, self.key, f"{self.prompt} loop {i}", self.max_tokens)
             self.calls.append((started, call))  # list.append is atomic
             i += self.workers
             self._stop.wait(self.pause)

@@ -54,6 +54,12 @@ def _load(
     """A bounded load of `model` through the first load balancer: no errors, and spread
     over that model's instances only (an instance of another model gets none of it)."""
     key = fleet.key_for(model)
+    mine = [n.host for n in fleet.serving_of(model)]
+    # cache_aware sends a prompt no engine holds to the least busy engine, the first
+    # listed among equals: with fewer requests in flight than engines, the last ones
+    # idle. So that every engine's part is seen, as many in flight as engines at least.
+    if fleet.routing == "cache_aware":
+        concurrency = max(concurrency, len(mine))
     # One uncounted round first: an engine's first batches of a new size are slow
     # (kernels chosen and cached), which says nothing about the spread.
     warmup = v.run_load(
@@ -64,14 +70,14 @@ def _load(
     after = _served(fleet)
     counts = {h: after[h][0] - before[h][0] for h in after}
     busy = {h: after[h][1] - before[h][1] for h in after}
-    mine = [n.host for n in fleet.serving_of(model)]
     # leastconn keeps every engine equally busy (requests in flight), so a slower
     # engine rightly gets fewer requests: judge it by busy time; round robin by count.
     # prefix routing sends each prompt (every request here has its own) to the engine
-    # that owns its hash: the shares are the hash ring's, so every engine must get some.
+    # that owns its hash: the shares are the hash ring's, so every engine must get some;
+    # cache_aware sends a prompt no engine holds to the least busy engine.
     by_count = fleet.routing != "leastconn"
     spread = {h: (counts if by_count else busy)[h] for h in mine}
-    even = (all(counts[h] > 0 for h in mine) if fleet.routing == "prefix"
+    even = (all(counts[h] > 0 for h in mine) if fleet.routing in ("prefix", "cache_aware")
             else v.spread_is_even(spread))
     strays = {h: counts[h] for h in counts if h not in mine and counts[h] > 0}
     checks = [
@@ -106,6 +112,7 @@ def _load(
 def _figures(report: v.LoadReport) -> dict:
     return {
         "sent": report.sent,
+        "concurrency": report.concurrency,
         "failed": report.failed,
         "seconds": report.seconds,
         "throughput_rps": report.throughput,
@@ -308,7 +315,7 @@ def verify(
         for model, report in loads.items():
             console.print(
                 f"load{f' ({model})' if len(loads) > 1 else ''}: {report.sent} requests, "
-                f"concurrency {concurrency}: "
+                f"concurrency {report.concurrency}: "
                 f"{report.throughput:.2f} req/s, p50 {report.p50:.3f} s, "
                 f"p95 {report.p95:.3f} s, p99 {report.p99:.3f} s"
             )
