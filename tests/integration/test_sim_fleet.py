@@ -1,19 +1,23 @@
 """A small fleet of SIMULATED GPU engines through the operator's life cycle, in minutes.
 
-`inferfleet lab up --nodes 6 --engine sim --nginx --routing prefix` runs site.yml over six
-nodes whose engine is the inference_engine role's sim runtime (docs/engine.md: a stand-in
-for a GPU-backed vLLM, installed and run like it), behind HAProxy (prefix routing) and
-Nginx (leastconn). Every command runs through Mitogen's strategy (INFERFLEET_MITOGEN=1),
-which the other scenarios leave off:
+`inferfleet lab up --nodes 6 --engine sim --nginx --routing cache_aware` runs site.yml over
+six nodes whose engine is the inference_engine role's sim runtime (docs/engine.md: a
+stand-in for a GPU-backed vLLM, installed and run like it), behind HAProxy and its
+vllm-router (cache_aware routing) and Nginx (leastconn). Every command runs through
+Mitogen's strategy (INFERFLEET_MITOGEN=1), which the other scenarios leave off:
 - a second deploy changes nothing;
 - `verify`: every node healthy, one greedy answer from every node and both load
   balancers, the load spread over all six;
-- prefix routing: the requests of each of three tenants (one long shared prefix, then
-  each request's own question) land on one engine, seen in the engines' counters;
+- cache_aware routing: the requests of each of three tenants (one long shared prefix,
+  then each request's own question) land on one engine, seen in the engines' counters;
+  the edge still asks for a key and keeps the router's admin API out of reach;
+- a tenant's engine killed under its load: the router takes it out within its checks'
+  bound, no request started after that fails, the tenant moves to one other engine and
+  comes back once its engine answers again;
 - `doctor`, with one engine given 96 requests at once (its max_num_seqs is 8): one
   finding, the queue in that engine, with its slots and the fix;
-- `rollout --version v2` under load through both load balancers: no request fails, every
-  node on v2;
+- `rollout --version v2` under load through both load balancers (HAProxy's through the
+  router, which rollout drains and refills): no request fails, every node on v2;
 - `scale --remove` of node6 under load, then `scale --add`: no request fails, the fleet
   serves on five nodes, then six, and node6 is listed where it was (nodes.yml).
 The real vLLM CPU build stays in every functional scenario (the install test, molecule);
@@ -57,6 +61,16 @@ def _cli(bin_dir: Path, env: dict, *args: str, timeout: int = 900) -> str:
 
 def _record(out: str) -> dict:
     return json.loads(Path(out.rsplit("record: ", 1)[1].split()[0]).read_text())
+
+
+def _changed(out: str) -> list[str]:
+    """'host: task' of every change a run made, from ansible-runner's events beside its
+    record."""
+    events = Path(out.rsplit("record: ", 1)[1].split()[0]).parent.glob(
+        "artifacts/*/job_events/*.json")
+    found = [json.loads(e.read_text()).get("event_data", {}) for e in events]
+    return sorted(f"{d.get('host')}: {d.get('task')}" for d in found
+                  if (d.get("res") or {}).get("changed") is True)
 
 
 def _serving(bin_dir: Path, env: dict) -> dict[str, str]:
@@ -104,40 +118,105 @@ def _doctor_finds_the_queue(bin_dir: Path, env: dict, inventory: Path) -> None:
     assert "inference_engine_max_num_seqs" in finding["fix"], finding
 
 
-def _prefix_routing_keeps_tenants_together(inventory: Path) -> None:
-    """Through HAProxy (load_balancer_routing: prefix), each tenant's requests (its long
-    system prompt, then a question of each request's own) all reach one engine, by the
-    engines' own request counters: one request after another on one kept connection, as
-    the OpenAI SDKs send them (on a new connection each, a request may arrive while
-    HAProxy still counts the one before it, and the coarse bound of a few requests in
-    flight sends it on; docs/load-balancer.md)."""
-    fleet = fleet_mod.load(inventory)
-    assert fleet.routing == "prefix"
+def _served(fleet) -> dict[str, float]:
+    """Each engine's own count of the requests it served."""
+    return {n.host: v.served_requests(v.get(f"{n.base}/metrics", fleet.engine_key)[1])
+            for n in fleet.serving}
+
+
+def _system(tenant: str) -> str:
+    """A tenant's long system prompt: what its requests share."""
+    return f"You are the {tenant} assistant of tenant {tenant}. " * 12
+
+
+def _tenant_engines(fleet, tenant: str, questions: int = 6) -> dict[str, float]:
+    """Send a tenant's requests (its system prompt, then a question of each request's own)
+    through HAProxy one after another on one kept connection, as the OpenAI SDKs send
+    them; return which engines served them, by the engines' own counters."""
     haproxy = urlsplit(fleet.balancers[0])  # the lab's HAProxy; Nginx comes second
     connection = http.client.HTTPConnection(haproxy.hostname, haproxy.port, timeout=30)
     headers = {"Authorization": f"Bearer {fleet.api_key}", "Content-Type": "application/json"}
-
-    def served() -> dict[str, float]:
-        return {n.host: v.served_requests(v.get(f"{n.base}/metrics", fleet.engine_key)[1])
-                for n in fleet.serving}
-
-    homes = set()
-    for tenant in ("support desk", "legal review", "code helper"):
-        system = f"You are the {tenant} assistant of tenant {tenant}. " * 12
-        before = served()
-        for question in range(6):
-            body = {"model": fleet.model, "prompt": f"{system}Question {question}: why?",
-                    "max_tokens": 4}
-            connection.request("POST", "/v1/completions", json.dumps(body), headers)
-            answer = connection.getresponse()
-            assert answer.status == 200, (answer.status, answer.read()[:300])
-            answer.read()
-        after = served()
-        got = {h: after[h] - before[h] for h in after if after[h] > before[h]}
-        assert len(got) == 1 and sum(got.values()) == 6, (tenant, got)
-        homes |= set(got)
+    before = _served(fleet)
+    for question in range(questions):
+        body = {"model": fleet.model, "prompt": f"{_system(tenant)}Question {question}: why?",
+                "max_tokens": 4}
+        connection.request("POST", "/v1/completions", json.dumps(body), headers)
+        answer = connection.getresponse()
+        assert answer.status == 200, (answer.status, answer.read()[:300])
+        answer.read()
     connection.close()
-    assert len(homes) > 1, homes  # the tenants do not all share one engine
+    after = _served(fleet)
+    return {h: after[h] - before[h] for h in after if after[h] > before[h]}
+
+
+def _cache_aware_keeps_tenants_together(inventory: Path) -> None:
+    """Through HAProxy and its router (load_balancer_routing: cache_aware), each tenant's
+    requests all reach one engine; the edge still asks for a key and keeps the router's
+    admin API out of reach."""
+    fleet = fleet_mod.load(inventory)
+    assert fleet.routing == "cache_aware"
+    # One tenant after another on an idle fleet: each tenant's first request matches no
+    # engine's tree and goes to the least busy, the first listed among equals, so they may
+    # all start on one engine (docs/load-balancer.md); what holds is each on one engine.
+    for tenant in ("support desk", "legal review", "code helper"):
+        got = _tenant_engines(fleet, tenant)
+        assert len(got) == 1 and sum(got.values()) == 6, (tenant, got)
+    base = fleet.balancers[0]
+    body = {"model": fleet.model, "prompt": "hello", "max_tokens": 1}
+    assert v.post_json(f"{base}/v1/completions", body, None).status == 401
+    assert v.post_json(f"{base}/v1/completions", body, "sk-not-a-key").status == 401
+    admin = v.post_json(f"{base}/remove_worker?url=http://{NODES[0]}:8000", {}, fleet.api_key)
+    assert admin.status == 403, admin
+
+
+def _router_unhealthy(balancer: str) -> str:
+    """The engines the lab HAProxy's router finds unhealthy (its /health, on loopback)."""
+    return subprocess.run(
+        ["docker", "exec", balancer, "curl", "-s", "http://127.0.0.1:8600/health"],
+        capture_output=True, text=True, timeout=10,
+    ).stdout
+
+
+def _until(what: str, ready, timeout: float) -> float:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.1)
+    return time.monotonic()
+
+
+def _a_killed_engine_hands_its_tenant_over_and_takes_it_back(inventory: Path) -> None:
+    """cache_aware under a tenant's load: its engine is killed (SIGKILL; systemd starts it
+    again after inference_engine_restart_sec, 10 s). The router takes it out within its
+    checks' bound (3 failed checks 2 s apart), no request started after that fails, the
+    tenant's requests go to one other engine meanwhile, and once the engine answers again
+    they come back to it."""
+    fleet = fleet_mod.load(inventory)
+    haproxy, lb = fleet.balancers[0], "inferfleet-lab-lb"
+    tenant = "night shift"
+    [home] = _tenant_engines(fleet, tenant)
+    with v.LoadLoop([haproxy], fleet.model, fleet.api_key, workers=2, pause=0.05,
+                    prompt=_system(tenant), max_tokens=4) as load:
+        time.sleep(2)
+        before = _served(fleet)
+        killed = time.monotonic()
+        subprocess.run(["docker", "exec", home, "systemctl", "kill", "-s", "KILL",
+                        "inferfleet-engine"], check=True, timeout=30)
+        out = _until(f"{home} unhealthy in the router", lambda: home in _router_unhealthy(lb), 30)
+        back = _until(f"{home} healthy in the router again",
+                      lambda: home not in _router_unhealthy(lb), 60)
+        during = _served(fleet)
+        time.sleep(1)
+    assert out - killed <= 10, f"taken out {out - killed:.1f} s after the kill"
+    late = [c for started, c in load.calls if started > out and not c.ok]
+    assert not late, late[:3]
+    moved = {h: during[h] - before[h] for h in during if h != home and during[h] > before[h]}
+    assert len(moved) == 1 and sum(moved.values()) >= 10, moved
+    print(f"kill {home}: out after {out - killed:.1f} s, back after {back - killed:.1f} s; "
+          f"{len(load.calls)} requests, {len(load.failed())} failed (none after out); "
+          f"meanwhile served by {moved}")
+    time.sleep(5)  # the router's circuit breaker lets the engine try again after 4 s
+    assert set(_tenant_engines(fleet, tenant)) == {home}
 
 
 def test_a_simulated_fleet_deploys_verifies_rolls_and_scales(
@@ -147,14 +226,15 @@ def test_a_simulated_fleet_deploys_verifies_rolls_and_scales(
     inventory = paths.LAB_INVENTORY
     try:
         _cli(venv_bin, env, "lab", "up", "--nodes", "6", "--engine", "sim", "--nginx",
-             "--routing", "prefix", timeout=1200)
+             "--routing", "cache_aware", timeout=1200)
         balancers = fleet.inventory_hosts(inventory)["loadbalancers"]
         assert balancers == ["inferfleet-lab-lb", fleet.NGINX_HOST], balancers
 
-        again = _record(_cli(venv_bin, env, "deploy"))
+        out = _cli(venv_bin, env, "deploy")
+        again = _record(out)
         assert (again["rc"], again["mitogen"]) == (0, True), again
         assert sorted(again["stats"]["ok"]) == sorted([*NODES, *balancers]), again["stats"]
-        assert sum(again["stats"]["changed"].values()) == 0, again["stats"]["changed"]
+        assert sum(again["stats"]["changed"].values()) == 0, _changed(out)
 
         report = json.loads(_cli(venv_bin, env, "verify", "--json", "--count", "60"))
         assert report["ok"], report["checks"]
@@ -163,7 +243,8 @@ def test_a_simulated_fleet_deploys_verifies_rolls_and_scales(
         same = next(c for c in report["checks"] if c["check"] == "identical greedy answers")
         assert same["detail"].startswith(f"{len(NODES) + len(balancers)} answers"), same
         assert report["load"]["sent"] == 60 and report["load"]["failed"] == 0, report["load"]
-        _prefix_routing_keeps_tenants_together(inventory)
+        _cache_aware_keeps_tenants_together(inventory)
+        _a_killed_engine_hands_its_tenant_over_and_takes_it_back(inventory)
         _doctor_finds_the_queue(venv_bin, env, inventory)
 
         secrets = yaml.safe_load((inventory / "group_vars/all/secrets.yml").read_text())
