@@ -34,7 +34,7 @@ bench-lb: setup
 	touch $@
 
 bench-routing: setup .venv-bench/bin/guidellm
-	.venv/bin/inferfleet lab up
+	.venv/bin/inferfleet lab up --routing cache_aware
 	.venv/bin/python benchmarks/routing.py
 
 # The GPU check bundle for a GPU machine without network (docs/gpu-validation.md).

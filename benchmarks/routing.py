@@ -14,6 +14,9 @@ can do for the hit rate: one cache sees every prefix); then, for each `--modes` 
 site.yml sets `load_balancer_routing` on the lab's load balancer (`prefix/200` sets
 load_balancer_prefix_balance_factor 200 as well, `prefix` leaves the inventory's) and
 the workload goes through it. The inventory's own setting is put back at the end.
+`cache_aware` (vllm-router beside HAProxy) needs a lab made with `lab up --routing
+cache_aware`: its engines serve the render endpoints the router reads token ids from,
+and its load balancer has the router's wheels.
 
 Per phase: the fleet's token hit rate (the engines' vllm:prefix_cache_hits_total over
 _queries_total), that rate against `single`'s, TTFT p50/p90 and output tokens/s (from
@@ -23,7 +26,7 @@ routings apart, and the run says so. A phase with a failed request says so and t
 exits 1 without ratios.
 
     make bench-routing
-    .venv/bin/python benchmarks/routing.py [--modes leastconn,prefix] [--prefixes 200]
+    .venv/bin/python benchmarks/routing.py [--modes leastconn,prefix,cache_aware] [--prefixes 200]
         [--prefix-tokens 512] [--suffix-tokens 48] [--requests 400] [--concurrency 4]
 """
 
@@ -139,7 +142,9 @@ def set_routing(lb: str, mode: str | None) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modes", default="leastconn,prefix")
+    p.add_argument("--modes", default=None,
+                   help="routings to compare (default leastconn,prefix, and cache_aware on a "
+                        "lab made with `lab up --routing cache_aware`)")
     p.add_argument("--prefixes", type=int, default=200)
     p.add_argument("--prefix-tokens", type=int, default=512)
     p.add_argument("--suffix-tokens", type=int, default=48)
@@ -155,6 +160,11 @@ def main() -> int:
     if len(fleet.serving) < 2 or not fleet.balancers:
         sys.exit("the lab needs two engines and a load balancer: `inferfleet lab up`")
     lb = "inferfleet-lab-lb"
+    if args.modes is None:
+        args.modes = "leastconn,prefix" + (",cache_aware" if fleet.routing == "cache_aware" else "")
+    if "cache_aware" in args.modes.split(",") and fleet.routing != "cache_aware":
+        sys.exit("mode cache_aware needs a lab made for it: `inferfleet lab up --routing "
+                 "cache_aware` (its engines serve the render endpoints its router reads)")
     rows: list[tuple[str, dict]] = []
     print(f"workload: {args.prefixes} prefixes x {args.prefix_tokens} tokens, "
           f"+{args.suffix_tokens} tokens each, {args.output_tokens} out, {args.requests} requests "
