@@ -12,7 +12,8 @@ so no phase finds another's in the caches.
 Phases: `single` sends the workload straight to the first engine (the best any routing
 can do for the hit rate: one cache sees every prefix); then, for each `--modes` entry,
 site.yml sets `load_balancer_routing` on the lab's load balancer (`prefix/200` sets
-load_balancer_prefix_balance_factor 200 as well, `prefix` leaves the inventory's) and
+load_balancer_prefix_balance_factor 200 as well, `prefix` leaves the inventory's;
+`cache_aware/8` sets load_balancer_router_balance_abs_threshold 8) and
 the workload goes through it. The inventory's own setting is put back at the end.
 `cache_aware` (vllm-router beside HAProxy) needs a lab made with `lab up --routing
 cache_aware`: its engines serve the render endpoints the router reads token ids from,
@@ -126,10 +127,12 @@ def set_routing(lb: str, mode: str | None) -> None:
     """site.yml on the load balancer alone: `mode` (None: the inventory's own)."""
     extra = {}
     if mode:
-        routing, _, factor = mode.partition("/")
+        routing, _, number = mode.partition("/")
         extra = {"load_balancer_routing": routing}
-        if factor:
-            extra["load_balancer_prefix_balance_factor"] = int(factor)
+        if number:
+            setting = ("load_balancer_router_balance_abs_threshold" if routing == "cache_aware"
+                       else "load_balancer_prefix_balance_factor")
+            extra[setting] = int(number)
     quiet = Console(quiet=True)
     result = run_playbook("bench-routing", "site.yml", LAB_INVENTORY, extra_vars=extra, limit=lb,
                           console=quiet)
@@ -162,7 +165,8 @@ def main() -> int:
     lb = "inferfleet-lab-lb"
     if args.modes is None:
         args.modes = "leastconn,prefix" + (",cache_aware" if fleet.routing == "cache_aware" else "")
-    if "cache_aware" in args.modes.split(",") and fleet.routing != "cache_aware":
+    if any(m.startswith("cache_aware") for m in args.modes.split(",")) and (
+            fleet.routing != "cache_aware"):
         sys.exit("mode cache_aware needs a lab made for it: `inferfleet lab up --routing "
                  "cache_aware` (its engines serve the render endpoints its router reads)")
     rows: list[tuple[str, dict]] = []
