@@ -27,6 +27,12 @@ A version of a model is a folder of files plus ``manifest.json``::
 * The file on disk / in the bucket is ``dumps(manifest)``: the same object with
   sorted keys, two-space indent and a trailing newline.
   ``tests/fixtures/manifest-vector`` pins the exact bytes.
+* Format 2 (what ``inferfleet model publish`` writes) adds ``piece_size`` (bytes, a
+  multiple of 1 MiB) and, on every file larger than one piece, ``pieces``: the SHA-256
+  of each ``piece_size`` slice of the file, in order (the last one may be shorter). A
+  file of one piece has its ``sha256`` as its piece hash. Nodes that fetch pieces from
+  each other check every piece against these before they use or serve it. Format 1
+  (no pieces) is still read.
 
 Standard library only, Python 3.8+: the model_sync module ships this file to nodes,
 and the CLI (`inferfleet model publish`) imports it from the collection.
@@ -41,7 +47,10 @@ import re
 import stat
 from concurrent.futures import ThreadPoolExecutor
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what build() writes when given a piece size; 1 is still read
+READABLE_FORMATS = (1, 2)
+PIECE_SIZE = 16 * 1024 * 1024  # what `inferfleet model publish` uses
+_PIECE_UNIT = 1024 * 1024
 MANIFEST_FILE = "manifest.json"
 DIGEST_PREFIX = "sha256:"
 HASH_CHUNK = 4 * 1024 * 1024
@@ -82,14 +91,47 @@ def check_path(path: object) -> str:
     return path
 
 
-def file_entry(path: str, size: int, sha256: str) -> dict:
-    """One element of ``files``, checked."""
+def file_entry(path: str, size: int, sha256: str, pieces=None, piece_size: int = 0) -> dict:
+    """One element of ``files``, checked; with a piece size (format 2), ``pieces`` must
+    hold one hash per piece when the file is larger than one piece, and be None otherwise."""
     check_path(path)
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise ManifestError(f"invalid size {size!r} for {path}")
     if not isinstance(sha256, str) or not _HEX64_RE.match(sha256):
         raise ManifestError(f"invalid sha256 {sha256!r} for {path}: 64 lowercase hex digits")
-    return {"path": path, "size": size, "sha256": sha256}
+    entry = {"path": path, "size": size, "sha256": sha256}
+    if piece_size and size > piece_size:
+        count = -(-size // piece_size)
+        if not isinstance(pieces, list) or len(pieces) != count:
+            raise ManifestError(f"{path} needs {count} piece hashes ({size} bytes in pieces of "
+                                f"{piece_size}), the manifest has "
+                                f"{len(pieces) if isinstance(pieces, list) else 'none'}")
+        for h in pieces:
+            if not isinstance(h, str) or not _HEX64_RE.match(h):
+                raise ManifestError(f"invalid piece hash {h!r} for {path}: 64 lowercase hex "
+                                    "digits")
+        entry["pieces"] = list(pieces)
+    elif pieces is not None:
+        raise ManifestError(f"{path} has piece hashes but is not larger than one piece "
+                            f"({size} bytes, piece_size {piece_size or 'none'})")
+    return entry
+
+
+def check_piece_size(value: object) -> int:
+    if (isinstance(value, bool) or not isinstance(value, int) or value < _PIECE_UNIT
+            or value % _PIECE_UNIT):
+        raise ManifestError(f"invalid piece_size {value!r}: a multiple of 1 MiB (1048576), "
+                            "at least 1 MiB")
+    return value
+
+
+def piece_hashes(manifest: dict, entry: dict):
+    """The SHA-256 of each piece of a file, in order; None for a format 1 manifest."""
+    if "piece_size" not in manifest:
+        return None
+    if "pieces" in entry:
+        return entry["pieces"]
+    return [entry["sha256"]] if entry["size"] else []
 
 
 def canonical_bytes(manifest: dict) -> bytes:
@@ -103,17 +145,58 @@ def compute_digest(manifest: dict) -> str:
     return DIGEST_PREFIX + hashlib.sha256(canonical_bytes(manifest)).hexdigest()
 
 
-def build(name: str, version: str, files: list) -> dict:
-    """A complete manifest (digest included) from entries of path, size, sha256."""
-    entries = [file_entry(f["path"], f["size"], f["sha256"]) for f in files]
+def piece_table(manifest: dict) -> list:
+    """Every piece of a format 2 manifest as (path, start, end, sha256), numbered in this
+    list's order: file after file, by path, each from its first byte (empty files have
+    none). Peers name pieces by this number."""
+    size = manifest["piece_size"]
+    table = []
+    for entry in manifest["files"]:
+        for i, digest in enumerate(piece_hashes(manifest, entry)):
+            table.append((entry["path"], i * size, min((i + 1) * size, entry["size"]), digest))
+    return table
+
+
+def pieces_hex(indexes, count: int) -> str:
+    """A set of piece numbers (of ``count``) as a hex bitfield, piece 0 the highest bit of
+    the first byte: how peers tell each other which pieces they hold."""
+    field = bytearray((count + 7) // 8)
+    for i in indexes:
+        field[i // 8] |= 0x80 >> (i % 8)
+    return field.hex()
+
+
+def hex_has(field: str, index: int) -> bool:
+    """Whether a hex bitfield of pieces_hex() holds piece ``index``."""
+    byte = index // 8
+    if byte * 2 + 2 > len(field):
+        return False
+    return bool(int(field[byte * 2:byte * 2 + 2], 16) & (0x80 >> (index % 8)))
+
+
+def peer_state_file(version: str) -> str:
+    """The file, in a model's cache folder, that says what a node offers its peers of a
+    version (written by model_sync, read by the role's peer server)."""
+    return f".peer-{check_name(version, 'version')}.json"
+
+
+def build(name: str, version: str, files: list, piece_size: int = 0) -> dict:
+    """A complete manifest (digest included) from entries of path, size, sha256; with a
+    piece size, format 2 (the entries larger than one piece carry their ``pieces``)."""
+    if piece_size:
+        check_piece_size(piece_size)
+    entries = [file_entry(f["path"], f["size"], f["sha256"], f.get("pieces"), piece_size)
+               for f in files]
     entries.sort(key=lambda e: e["path"])
     _check_layout([e["path"] for e in entries])
     manifest = {
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if piece_size else 1,
         "name": check_name(name, "name"),
         "version": check_name(version, "version"),
         "files": entries,
     }
+    if piece_size:
+        manifest["piece_size"] = piece_size
     manifest["digest"] = compute_digest(manifest)
     return manifest
 
@@ -153,24 +236,29 @@ def loads(text) -> dict:
         raise ManifestError(f"manifest is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ManifestError("manifest must be a JSON object")
+    fmt = data.get("format_version")
+    if isinstance(fmt, bool) or fmt not in READABLE_FORMATS:
+        raise ManifestError(f"manifest format_version {fmt!r} is not supported (this code "
+                            f"reads {', '.join(map(str, READABLE_FORMATS))})")
     expected = {"format_version", "name", "version", "files", "digest"}
+    if fmt == 2:
+        expected.add("piece_size")
     if set(data) != expected:
         missing = sorted(expected - set(data))
         extra = sorted(set(data) - expected)
         raise ManifestError(
-            f"manifest keys differ from the format: missing {missing}, unknown {extra}")
-    if data["format_version"] != FORMAT_VERSION:
-        raise ManifestError(f"manifest format_version {data['format_version']!r} is not "
-                            f"supported (this code reads {FORMAT_VERSION})")
+            f"manifest keys differ from format {fmt}: missing {missing}, unknown {extra}")
+    piece_size = check_piece_size(data["piece_size"]) if fmt == 2 else 0
     check_name(data["name"], "name")
     check_name(data["version"], "version")
     if not isinstance(data["files"], list):
         raise ManifestError("manifest 'files' must be a list")
+    allowed = ({"path", "size", "sha256"}, {"path", "size", "sha256", "pieces"})
     for f in data["files"]:
-        if not isinstance(f, dict) or set(f) != {"path", "size", "sha256"}:
-            raise ManifestError(
-                f"manifest file entry {f!r} must have exactly path, size, sha256")
-        file_entry(f["path"], f["size"], f["sha256"])
+        if not isinstance(f, dict) or set(f) not in allowed[:fmt]:
+            raise ManifestError(f"manifest file entry {f!r} must have exactly path, size, "
+                                f"sha256{' (and pieces, when larger than a piece)' * (fmt - 1)}")
+        file_entry(f["path"], f["size"], f["sha256"], f.get("pieces"), piece_size)
     _check_layout([f["path"] for f in data["files"]])
     actual = compute_digest(data)
     if data["digest"] != actual:
@@ -183,9 +271,14 @@ def total_size(manifest: dict) -> int:
     return sum(f["size"] for f in manifest["files"])
 
 
-def hash_file(path: str, chunk: int = HASH_CHUNK) -> tuple:
-    """(size, sha256 hex) of a file, read once."""
+def hash_file(path: str, chunk: int = HASH_CHUNK, piece_size: int = 0) -> tuple:
+    """(size, sha256 hex, piece hashes) of a file, read once; the piece hashes (one per
+    ``piece_size`` slice) only with a piece size and a file larger than one piece, else
+    None."""
     h = hashlib.sha256()
+    pieces = []
+    piece = hashlib.sha256()
+    in_piece = 0
     size = 0
     buf = bytearray(chunk)
     view = memoryview(buf)
@@ -196,7 +289,18 @@ def hash_file(path: str, chunk: int = HASH_CHUNK) -> tuple:
                 break
             h.update(view[:n])
             size += n
-    return size, h.hexdigest()
+            at = 0
+            while piece_size and at < n:
+                take = min(n - at, piece_size - in_piece)
+                piece.update(view[at:at + take])
+                at += take
+                in_piece += take
+                if in_piece == piece_size:
+                    pieces.append(piece.hexdigest())
+                    piece, in_piece = hashlib.sha256(), 0
+    if in_piece:
+        pieces.append(piece.hexdigest())
+    return size, h.hexdigest(), (pieces if piece_size and size > piece_size else None)
 
 
 def list_files(root: str) -> list:
@@ -238,23 +342,30 @@ def list_files(root: str) -> list:
     return found
 
 
-def scan(root: str, name: str, version: str, workers: int = 0) -> dict:
-    """The manifest of a local folder, hashing files in parallel."""
+def scan(root: str, name: str, version: str, workers: int = 0, piece_size: int = 0) -> dict:
+    """The manifest of a local folder, hashing files in parallel; with a piece size, in
+    format 2 (piece hashes)."""
     check_name(name, "name")
     check_name(version, "version")
+    if piece_size:
+        check_piece_size(piece_size)
     paths = list_files(root)
     workers = workers or min(8, os.cpu_count() or 2)
 
     def one(rel: str) -> dict:
-        size, digest = hash_file(os.path.join(root, *rel.split("/")))
-        return {"path": rel, "size": size, "sha256": digest}
+        size, digest, pieces = hash_file(os.path.join(root, *rel.split("/")),
+                                         piece_size=piece_size)
+        entry = {"path": rel, "size": size, "sha256": digest}
+        if pieces is not None:
+            entry["pieces"] = pieces
+        return entry
 
     if workers > 1 and len(paths) > 1:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             files = list(pool.map(one, paths))
     else:
         files = [one(p) for p in paths]
-    return build(name, version, files)
+    return build(name, version, files, piece_size)
 
 
 def compare(old, new: dict) -> dict:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ansible_collections.inferfleet.fleet.plugins.module_utils.manifest import (
     MANIFEST_FILE,
+    PIECE_SIZE,
     ManifestError,
     check_name,
     dumps,
@@ -155,7 +156,7 @@ def publish(local_dir: str | Path, url: str, *, client=None, endpoint_url: str |
 
     say(f"hashing {root}")
     try:
-        manifest = scan(str(root), loc.name, loc.version)
+        manifest = scan(str(root), loc.name, loc.version, piece_size=PIECE_SIZE)
     except ManifestError as exc:
         raise PublishError(str(exc)) from None
     if not manifest["files"]:

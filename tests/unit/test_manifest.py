@@ -63,7 +63,9 @@ def test_loads_round_trips_and_rejects_a_wrong_digest():
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d.update(format_version=2), "not supported"),
+        (lambda d: d.update(format_version=3), "not supported"),
+        (lambda d: d.update(format_version=True), "not supported"),
+        (lambda d: d.update(piece_size=1 << 20), "unknown \\['piece_size'\\]"),
         (lambda d: d.pop("name"), "missing"),
         (lambda d: d.update(extra=1), "unknown"),
         (lambda d: d["files"].reverse(), "not sorted"),
@@ -157,4 +159,65 @@ def test_hash_file_reads_in_chunks(tmp_path):
     data = os.urandom(3 * 1024 + 7)
     (tmp_path / "f").write_bytes(data)
     assert mf.hash_file(str(tmp_path / "f"), chunk=1024) == (
-        len(data), hashlib.sha256(data).hexdigest())
+        len(data), hashlib.sha256(data).hexdigest(), None)
+
+
+MiB = 1024 * 1024
+
+
+def _pieced_model(tmp_path) -> Path:
+    """A folder with a file of 2.5 pieces of 1 MiB, one of exactly one piece, an empty one."""
+    root = tmp_path / "model"
+    root.mkdir()
+    (root / "big.safetensors").write_bytes(os.urandom(2 * MiB + MiB // 2))
+    (root / "one.bin").write_bytes(os.urandom(MiB))
+    (root / "empty.txt").write_bytes(b"")
+    return root
+
+
+def test_format_2_holds_a_hash_per_piece_of_every_file_larger_than_a_piece(tmp_path):
+    root = _pieced_model(tmp_path)
+    m = mf.scan(str(root), "m", "v1", piece_size=MiB)
+    assert m["format_version"] == 2 and m["piece_size"] == MiB
+    files = {f["path"]: f for f in m["files"]}
+    raw = (root / "big.safetensors").read_bytes()
+    assert files["big.safetensors"]["pieces"] == [
+        hashlib.sha256(raw[i:i + MiB]).hexdigest() for i in range(0, len(raw), MiB)]
+    assert files["big.safetensors"]["sha256"] == hashlib.sha256(raw).hexdigest()
+    assert "pieces" not in files["one.bin"] and "pieces" not in files["empty.txt"]
+    # A file of one piece is its own piece; an empty file has none.
+    assert mf.piece_hashes(m, files["one.bin"]) == [files["one.bin"]["sha256"]]
+    assert mf.piece_hashes(m, files["empty.txt"]) == []
+    assert mf.loads(mf.dumps(m)) == m
+    # Hashing in chunks that straddle pieces gives the same pieces.
+    assert mf.hash_file(str(root / "big.safetensors"), chunk=3 * MiB // 4,
+                        piece_size=MiB)[2] == files["big.safetensors"]["pieces"]
+    assert mf.piece_hashes(mf.scan(str(root), "m", "v1"), files["one.bin"]) is None
+    # Pieces are numbered file after file; an empty file has none.
+    big = files["big.safetensors"]["pieces"]
+    assert mf.piece_table(m) == [("big.safetensors", 0, MiB, big[0]),
+                                 ("big.safetensors", MiB, 2 * MiB, big[1]),
+                                 ("big.safetensors", 2 * MiB, len(raw), big[2]),
+                                 ("one.bin", 0, MiB, files["one.bin"]["sha256"])]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.pop("piece_size"), "missing \\['piece_size'\\]"),
+        (lambda d: d.update(piece_size=MiB + 1), "multiple of 1 MiB"),
+        (lambda d: d.update(piece_size=0), "multiple of 1 MiB"),
+        (lambda d: d["files"][0]["pieces"].pop(), "needs 3 piece hashes"),
+        (lambda d: d["files"][0].pop("pieces"), "needs 3 piece hashes"),
+        (lambda d: d["files"][0]["pieces"].__setitem__(0, "X"), "invalid piece hash"),
+        (lambda d: d["files"][2].update(pieces=["0" * 64]), "not larger than one piece"),
+        (lambda d: d["files"][0].update(other=1), "and pieces"),
+    ],
+)
+def test_format_2_loads_rejects_what_breaks_its_rules(tmp_path, mutate, message):
+    data = mf.scan(str(_pieced_model(tmp_path)), "m", "v1", piece_size=MiB)
+    assert [f["path"] for f in data["files"]] == ["big.safetensors", "empty.txt", "one.bin"]
+    mutate(data)
+    data["digest"] = mf.compute_digest(data)
+    with pytest.raises(mf.ManifestError, match=message):
+        mf.loads(json.dumps(data))
