@@ -24,6 +24,12 @@ from ansible_collections.inferfleet.fleet.plugins.module_utils.manifest import (
     hash_file,
     loads,
 )
+from ansible_collections.inferfleet.fleet.plugins.module_utils.model_sync_swarm import (
+    SwarmSource,
+    remove_state,
+    state_path,
+    write_state,
+)
 from ansible_collections.inferfleet.fleet.plugins.module_utils.model_sync_transfer import (
     CURRENT,
     INPLACE_PREFIX,
@@ -215,7 +221,9 @@ class ModelCache:
         os.utime(marker, None)
 
     def remove_version(self, version: str) -> None:
-        """Remove a version: a folder disappears at once (renamed aside, then deleted)."""
+        """Remove a version: a folder disappears at once (renamed aside, then deleted),
+        and peers are no longer offered it."""
+        remove_state(self.dir, version)
         self.discard(version)
         self.clean_leftovers()
 
@@ -278,6 +286,7 @@ class Syncer:
             "previous_version": "", "manifest_digest": "", "bytes_downloaded": 0,
             "bytes_hashed": 0, "bytes_reused": 0, "files_fetched": [], "files_added": [],
             "files_changed": [], "pruned": [], "in_place": False, "seconds": 0.0,
+            "bytes_from_store": 0, "bytes_from_peers": {}, "peers_dropped": {},
         }
         self.warnings = []
         self.diff = {}
@@ -298,8 +307,16 @@ class Syncer:
                               bool(p.get("validate_certs", True)), p.get("ca_bundle") or "")
         except S3Error as exc:
             raise SyncError(str(exc)) from None
-        return S3Source(client, p["s3_bucket"], p.get("s3_prefix") or "", self.name,
-                        self.version)
+        store = S3Source(client, p["s3_bucket"], p.get("s3_prefix") or "", self.name,
+                         self.version)
+        if not p.get("peers"):
+            return store
+        if not p.get("peer_name"):
+            raise SyncError("peers need peer_name: this node's name among them")
+        return SwarmSource(store, p["peer_name"], p["peers"], p.get("peer_token") or "",
+                           self.name, self.version, timeout=float(p.get("timeout") or 60),
+                           stall=float(p.get("peer_stall_timeout") or 30),
+                           pinned_digest=p.get("manifest_digest") or "")
 
     def _owner(self) -> tuple:
         uid = gid = -1
@@ -401,6 +418,12 @@ class Syncer:
             manifest = cache.manifest_of(self.version)  # known good: the source is not asked
         if manifest is None:
             manifest = self._read_manifest()
+        if isinstance(self.source, SwarmSource) and "piece_size" not in manifest:
+            self.warnings.append(
+                f"{self.name}/{self.version} has a format 1 manifest (no piece hashes): "
+                "fetched from the object store only; publish it again to share it between "
+                "nodes")
+            self.source = self.source.store
         digest = manifest["digest"]
         self.result["manifest_digest"] = digest
         complete = cache.is_complete(self.version, digest)
@@ -428,8 +451,9 @@ class Syncer:
             self.result["bytes_reused"] = sum(f["size"] for f, _ in reuse)
             self._check_space(fetch)
         prune = self._prune_plan() if activate else []
+        offer = complete and self._offers() and not self._offered(digest)
         self.result["changed"] = ((not complete) or (activate and previous != self.version)
-                                  or bool(prune))
+                                  or bool(prune) or offer)
         if self.check_mode:
             self.result["pruned"] = prune
             return
@@ -456,11 +480,28 @@ class Syncer:
                 cache.touch_marker(self.version)
                 cache.activate(self.version)
                 changed = True
+            if self._offers() and not self._offered(digest):
+                write_state(cache.dir, self.version, digest, self.version)
+                changed = True
             self.result["in_place"] = os.path.islink(cache.version_path(self.version))
             self.result["pruned"] = self._prune() if activate else []
             self.result["changed"] = changed or bool(self.result["pruned"])
         finally:
             cache.unlock()
+
+    def _offers(self) -> bool:
+        """Whether this node offers its verified versions to peers (it has peers, and the
+        version is a copy of its own, not a shared filesystem's)."""
+        return isinstance(self.source, SwarmSource) and not os.path.islink(
+            self.cache.version_path(self.version))
+
+    def _offered(self, digest: str) -> bool:
+        try:
+            state = json.loads(_read_text(state_path(self.cache.dir, self.version)))
+        except (OSError, ValueError):
+            return False
+        return (state.get("digest"), state.get("dir"), state.get("have")) == (
+            digest, self.version, "all")
 
     def _ensure_dir(self, path: str) -> None:
         if os.path.isdir(path):
@@ -496,10 +537,29 @@ class Syncer:
                 except OSError:
                     copies[entry["path"]] = src  # no hard links here: copy it, verified
             direct_io = bool(self.p.get("direct_io", True))
-            transfer = Transfer(self.source, int(self.p.get("concurrency") or 8),
-                                int(self.p.get("part_size_mb") or 16) * MiB,
+            part_size = int(self.p.get("part_size_mb") or 16) * MiB
+            # Written first: a peer reads the pieces' table from it while this run fetches.
+            _write_file(os.path.join(self._tmp, MANIFEST_FILE), dumps(manifest))
+            swarm = isinstance(self.source, SwarmSource)
+            if swarm:
+                part_size = manifest["piece_size"]  # a part is a piece: checked as one
+                folder = os.path.basename(self._tmp)
+                self.source.begin(manifest, lambda have, busy: write_state(
+                    cache.dir, self.version, manifest["digest"], folder, have, busy),
+                    held=[e for e, _ in reuse if e["path"] not in copies])
+            transfer = Transfer(self.source, int(self.p.get("concurrency") or 8), part_size,
                                 direct_io=direct_io)
-            transfer.run([(e, self._dest(e)) for e in fetch])
+            try:
+                transfer.run([(e, self._dest(e)) for e in fetch])
+            finally:
+                if swarm:
+                    self.source.finish()
+                    self.result["bytes_from_store"] = self.source.bytes_from_store
+                    self.result["bytes_from_peers"] = dict(self.source.bytes_from_peers)
+                    self.result["peers_dropped"] = dict(self.source.dropped)
+                    self.warnings.extend(self.source.warnings)
+            if not swarm:
+                self.result["bytes_from_store"] = transfer.bytes_written
             hashed = transfer.bytes_hashed
             if copies:
                 copier = Transfer(LocalCopySource(copies), 4, 16 * MiB, direct_io=direct_io)
@@ -510,7 +570,6 @@ class Syncer:
             self.result["bytes_reused"] = sum(e["size"] for e, _ in reuse)
             self.result["files_fetched"] = [e["path"] for e in fetch]
             # The marker can go in now: the rename below is what makes the version appear.
-            _write_file(os.path.join(self._tmp, MANIFEST_FILE), dumps(manifest))
             _write_file(os.path.join(self._tmp, MARKER_FILE), manifest["digest"] + "\n")
             self._apply_ownership(dirs)
             for d in sorted(dirs, key=len, reverse=True):
@@ -521,9 +580,13 @@ class Syncer:
             os.rename(self._tmp, target)
             self._tmp = ""
             _fsync_dir(cache.dir)
+            if swarm:  # offered whole from now on, from its final folder
+                write_state(cache.dir, self.version, manifest["digest"], self.version)
             cache.clean_leftovers()
         finally:
             if self._tmp:
+                if isinstance(self.source, SwarmSource):
+                    remove_state(cache.dir, self.version)
                 shutil.rmtree(self._tmp, ignore_errors=True)
                 self._tmp = ""
 
@@ -551,7 +614,7 @@ class Syncer:
             path = self.source.where(entry["path"])
             try:
                 st = os.stat(path)
-                size, digest = hash_file(path)
+                size, digest, _ = hash_file(path)
             except FileNotFoundError:
                 raise SyncError(f"file not found: {path}") from None
             except OSError as exc:

@@ -334,6 +334,11 @@ class Transfer:
     copy, no writeback left for the fsync), or, where the filesystem has no O_DIRECT,
     chunk by chunk as it arrives. A file is checked and fsynced as soon as it is
     hashed and written, while later files still download.
+
+    A source that checks every piece against the manifest's piece hashes before it
+    delivers it (``verifies_pieces``: the swarm) makes the file hash redundant: every
+    byte is then checked once, per piece. Such a source hears of each part once it is
+    on disk (``written``), so it can offer it to others.
     """
 
     def __init__(self, source, concurrency: int = 8, part_size: int = 16 * MiB,
@@ -342,6 +347,7 @@ class Transfer:
         self.concurrency = max(1, concurrency)
         self.part_size = max(IO_CHUNK, part_size - part_size % DIRECT_ALIGN)
         self.direct_io = direct_io
+        self.by_piece = bool(getattr(source, "verifies_pieces", False))
         self.pool = _BufferPool(buffers or 2 * self.concurrency, self.part_size)
         self.bytes_written = 0
         self.bytes_hashed = 0
@@ -354,6 +360,8 @@ class Transfer:
         with self._lock:
             self._errors.append(exc)
         self._failed.set()
+        if hasattr(self.source, "cancel"):
+            self.source.cancel()
 
     # -- fetching ----------------------------------------------------------------------
     def _fetch_part(self, job: _FileJob, index: int, seq: int) -> None:
@@ -383,6 +391,8 @@ class Transfer:
                                 "missing")
             if job.direct:
                 _pwrite_direct(fd, view, start, end - start, job.dest)
+            if self.by_piece:
+                self.source.written(job.entry, start, end)
             with self._lock:
                 self.bytes_written += end - start
             if job.direct:
@@ -416,7 +426,8 @@ class Transfer:
                         buf = job.buffers[index]
                     if ready <= job.hashed:
                         break
-                    job.sha.update(memoryview(buf)[job.hashed - start:ready - start])
+                    if not self.by_piece:
+                        job.sha.update(memoryview(buf)[job.hashed - start:ready - start])
                     free = None
                     with job.lock:
                         job.hashed = ready
@@ -446,7 +457,7 @@ class Transfer:
                 raise SyncError(f"size mismatch for {where}: got {job.hashed} bytes, the "
                                 f"manifest says {job.size}")
             digest = job.sha.hexdigest()
-            if digest != job.entry["sha256"]:
+            if not self.by_piece and digest != job.entry["sha256"]:
                 raise SyncError(f"checksum mismatch for {where}: the manifest says sha256 "
                                 f"{job.entry['sha256']}, the bytes received hash to {digest}")
             fd = job.open()

@@ -169,6 +169,31 @@ options:
     description: Mode of the folders created.
     type: str
     default: "0755"
+  peers:
+    description:
+      - The engine nodes that take part in sharing this model's pieces (this one may be
+        among them), as C(name) and C(url) (C(http://ADDRESS:PORT) of their peer server).
+        With peers and a format 2 manifest, each piece comes from a peer that holds it,
+        else from the store (only the piece's owner among the nodes fetching the same
+        version asks it), and every piece is checked against the manifest's SHA-256
+        before it is written or offered; a peer whose piece fails is dropped for the run.
+        The node offers what it verified in C(CACHE_ROOT/NAME/.peer-VERSION.json), for
+        the role's peer server. See docs/model-sync.md, "Between nodes".
+    type: list
+    elements: dict
+  peer_name:
+    description: This node's name among O(peers); required with them.
+    type: str
+  peer_token:
+    description: The bearer token the peer servers ask for (empty for none).
+    type: str
+    default: ""
+  peer_stall_timeout:
+    description:
+      - Seconds a node waits on a peer that fetches a piece from the store without any
+        progress before it fetches the piece itself.
+    type: int
+    default: 30
   allow_remote_cache:
     description:
       - Accept a cache root on a network filesystem (NFS, Lustre, CIFS, ...). Locks,
@@ -263,6 +288,18 @@ in_place:
   description: Whether the version is used in place on the shared filesystem.
   type: bool
   returned: always
+bytes_from_store:
+  description: Bytes of model files read from the source (the object store) in this run.
+  type: int
+  returned: always
+bytes_from_peers:
+  description: Bytes of model files read from each peer in this run, by peer name.
+  type: dict
+  returned: always
+peers_dropped:
+  description: Peers dropped during the run (a piece that failed its SHA-256), with why.
+  type: dict
+  returned: always
 seconds:
   description: Seconds the module took.
   type: float
@@ -302,13 +339,19 @@ ARGUMENT_SPEC = dict(
     file_mode=dict(type="str", default="0644"),
     dir_mode=dict(type="str", default="0755"),
     allow_remote_cache=dict(type="bool", default=False),
+    peers=dict(type="list", elements="dict", options=dict(
+        name=dict(type="str", required=True), url=dict(type="str", required=True),
+        address=dict(type="str"))),
+    peer_name=dict(type="str"),
+    peer_token=dict(type="str", default="", no_log=True),
+    peer_stall_timeout=dict(type="int", default=30),
 )
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = dict(module.params)
-    for key in ("concurrency", "part_size_mb"):
+    for key in ("concurrency", "part_size_mb", "peer_stall_timeout"):
         if params[key] < 1:
             module.fail_json(msg=f"{key} must be at least 1, got {params[key]}")
     for key in ("keep_versions", "min_free_mb"):

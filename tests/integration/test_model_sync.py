@@ -15,11 +15,13 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
 
+from inferfleet.lab.s3 import free_port
 from inferfleet.publish import publish
 
 REPO = Path(__file__).resolve().parents[2]
@@ -478,3 +480,62 @@ def test_prefetch_leaves_current_then_activation_is_a_flip(s3, tmp_path, model_n
     flip = model_sync(tmp_path, sync_args(s3, model_name, "v2", cache, keep_versions=0))
     assert flip["changed"] and flip["bytes_downloaded"] == 0
     assert current(cache, model_name) == "v2" and flip["pruned"] == ["v1"]
+
+
+def test_two_nodes_share_pieces_through_their_peer_servers(s3, tmp_path, model_name):
+    """The real module (two runs at once, as two nodes) and the role's peer server (its
+    files as the role installs them, under the node's Python): each piece from the store
+    about once, every node verified, the second run of a node a no-change."""
+    files = {"model-00001-of-00002.safetensors": os.urandom(40 * MiB + 5),
+             "model-00002-of-00002.safetensors": os.urandom(24 * MiB),
+             "config.json": b'{"model_type": "llama"}\n'}
+    manifest = publish_version(s3, tmp_path, model_name, "v1", files)
+    assert manifest["format_version"] == 2
+    size = sum(len(d) for d in files.values())
+    server_dir = tmp_path / "model-peer"
+    server_dir.mkdir()
+    shutil.copy(REPO / "roles" / "model_sync" / "files" / "model_peer.py", server_dir)
+    shutil.copy(REPO / "plugins" / "module_utils" / "manifest.py", server_dir)
+    nodes, servers = {}, []
+    try:
+        for name in ("node-a", "node-b"):
+            port = free_port()
+            cache = tmp_path / name
+            cache.mkdir()
+            settings = tmp_path / f"{name}.json"
+            settings.write_text(json.dumps({
+                "cache_root": str(cache), "address": "127.0.0.1", "port": port,
+                "allow": ["127.0.0.1"], "token": "tok-0123456789", "max_mbit": 0,
+                "max_connections": 4}))
+            servers.append(subprocess.Popen([NODE_PYTHON, str(server_dir / "model_peer.py"),
+                                             str(settings)]))
+            nodes[name] = (cache, f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 10
+        for _, url in nodes.values():
+            while subprocess.run(["curl", "-s", "-o", "/dev/null", url],
+                                 check=False).returncode and time.monotonic() < deadline:
+                time.sleep(0.1)
+        peers = [{"name": n, "url": url} for n, (_, url) in nodes.items()]
+
+        def args(name):
+            return sync_args(s3, model_name, "v1", nodes[name][0], peers=peers, peer_name=name,
+                             peer_token="tok-0123456789")
+
+        for name in nodes:
+            (tmp_path / f"{name}-plays").mkdir()
+        with ThreadPoolExecutor(2) as pool:
+            results = dict(zip(nodes, pool.map(
+                lambda n: model_sync(tmp_path / f"{n}-plays", args(n)), nodes), strict=True))
+        for name, r in results.items():
+            assert not r.get("failed"), r.get("msg")
+            assert r["manifest_digest"] == manifest["digest"]
+            assert_same_files(nodes[name][0] / model_name / "current", files)
+            assert r["bytes_from_store"] + sum(r["bytes_from_peers"].values()) == size
+            assert "tok-0123456789" not in json.dumps(r)
+        from_store = sum(r["bytes_from_store"] for r in results.values())
+        assert from_store <= 1.2 * size, (from_store, size)
+        assert not model_sync(tmp_path / "node-a-plays", args("node-a"))["changed"]
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(10)

@@ -506,7 +506,7 @@ def test_documentation_matches_the_argument_spec():
         assert doc.get("choices") == spec.get("choices"), name
         assert bool(doc.get("required")) == bool(spec.get("required")), name
     assert {n for n, s in ms.ARGUMENT_SPEC.items() if s.get("no_log")} == {
-        "access_key", "secret_key", "session_token"}
+        "access_key", "secret_key", "session_token", "peer_token"}
     yaml.safe_load(ms.EXAMPLES)
     assert "manifest_digest" in yaml.safe_load(ms.RETURN)
 
