@@ -158,7 +158,8 @@ def firewall_rules(host: str, groups: Mapping, hostvars: Mapping, options: Mappi
     `options`: client_networks, admin_networks, ssh_port, group_port_ranges, ray_ports,
     extra_rules (this host's firewall_* settings), monitoring_group, and the other roles'
     port defaults for hosts that do not set them: engine_port, agent_port, master_port, lb_port,
-    lb_admin_port, lb_peers_port, prometheus_port, node_exporter_port, dcgm_exporter_port, and
+    lb_admin_port, lb_peers_port, prometheus_port, node_exporter_port, dcgm_exporter_port,
+    model_peers and model_peer_port (model_sync_peers, model_sync_peer_port), and
     ray_port_defaults ({inference_engine_ray_*_port: value}).
     """
     hv = _hv(hostvars, host)
@@ -216,6 +217,19 @@ def firewall_rules(host: str, groups: Mapping, hostvars: Mapping, options: Mappi
         sources = _addresses(peers, hostvars)
         if sources:
             rules += [_rule(comment, port, sources, variable) for comment, port, variable in group]
+        if _on(hv.get("model_sync_peers", options["model_peers"])):
+            takers = [
+                h for h in groups["inference"] if h != host
+                and _on(_hv(hostvars, h).get("model_sync_peers", options["model_peers"]))
+            ]
+            rules.append(
+                _rule(
+                    "model pieces between engine nodes (model_sync_peers)",
+                    hv.get("model_sync_peer_port", options["model_peer_port"]),
+                    _addresses(takers, hostvars),
+                    "model_sync_peer_port",
+                )
+            )
         gpu = str(hv.get("inferfleet_accelerator", "nvidia")) == "nvidia"
         if gpu and _on(hv.get("monitoring_dcgm_exporter_enabled", True)):
             rules.append(

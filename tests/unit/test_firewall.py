@@ -58,8 +58,10 @@ PORT_VARIABLES = {
     "prometheus_port": "monitoring_prometheus_port",
     "node_exporter_port": "monitoring_node_exporter_port",
     "dcgm_exporter_port": "monitoring_dcgm_exporter_port",
+    "model_peer_port": "model_sync_peer_port",
 }
 PORTS = {
+    "model_peers": SHARED["model_sync_peers"],
     **{key: SHARED[variable] for key, variable in PORT_VARIABLES.items()},
     "ray_port_defaults": {k: v for k, v in SHARED.items()
                           if k.startswith("inference_engine_ray_") and k.endswith("_port")},
@@ -118,6 +120,19 @@ def test_members_of_one_instance_take_group_ports_from_each_other_only():
     # the engine port also from the peer (fabric_preflight checks it between members)
     assert "10.0.1.22" in big0["tcp/8000"]
     assert big0["tcp/8000"] == sorted([*LB_ADDRS, "10.0.0.5", *ADMINS, "10.0.1.22"])
+
+
+def test_engine_nodes_that_share_model_pieces_open_the_peer_port_to_each_other_only():
+    assert "tcp/8950" not in allowed("rep1")  # model_sync_peers is off by default
+    hostvars = {**HOSTVARS, "rep2": {**HOSTVARS["rep2"], "model_sync_peers": False}}
+    on = allowed("rep1", hostvars=hostvars, model_peers=True)
+    # From the other engine nodes that take part: not rep2 (off), no load balancer.
+    assert on["tcp/8950"] == ["10.0.0.21", "10.0.1.22"]
+    assert "tcp/8950" not in allowed("rep2", hostvars=hostvars, model_peers=True)
+    assert "tcp/8950" not in allowed("lb1", hostvars=hostvars, model_peers=True)
+    moved = {**hostvars, "big0": {**HOSTVARS["big0"], "model_sync_peer_port": 9950}}
+    assert allowed("big0", hostvars=moved, model_peers=True)["tcp/9950"] == ["10.0.0.11",
+                                                                             "10.0.1.22"]
 
 
 def test_ray_ports_follow_the_setting():
