@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from datetime import datetime
 from pathlib import Path
 
 import yaml
+from model_sync import make_model
 
 from inferfleet.commands.common import LAB_INVENTORY
 from inferfleet.lab.services import S3_ACCESS_KEY, S3_PORT, S3_SECRET_KEY
@@ -78,21 +78,6 @@ def shape_store(mbit: int) -> None:
                         "burst", "1mb", "latency", "100ms"], check=True)
     else:
         subprocess.run([*tc, "del", "dev", "eth0", "root"], capture_output=True, check=False)
-
-
-def make_model(root: Path, total: int, files: int) -> None:
-    root.mkdir(parents=True)
-    (root / "config.json").write_text('{"model_type": "llama", "synthetic": true}\n')
-    rnd = random.Random(time.time_ns())  # new bytes each run: nothing reused from before
-    per = total // files
-    for i in range(files):
-        size = per if i < files - 1 else total - per * (files - 1)
-        with open(root / f"model-{i + 1:05d}-of-{files:05d}.safetensors", "wb") as f:
-            left = size
-            while left:
-                n = min(left, 64 * MiB)
-                f.write(rnd.randbytes(n))
-                left -= n
 
 
 def sync(hosts: list[str], version: str, peers: bool) -> dict:

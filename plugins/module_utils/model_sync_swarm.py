@@ -49,6 +49,10 @@ from ansible_collections.inferfleet.fleet.plugins.module_utils.model_sync_transf
 )
 
 API = "/v1"
+# A state or manifest is small: a peer that does not answer within this long is down for
+# now (a powered-off node drops packets; waiting the transfer's timeout on each look
+# would blind the node to every other peer's progress meanwhile).
+LOOK_TIMEOUT = 3.0
 
 
 def state_path(model_dir: str, version: str) -> str:
@@ -91,8 +95,8 @@ class Peer:
         self.token = token
         self.timeout = timeout
 
-    def _get(self, path: str, into=None):
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+    def _get(self, path: str, into=None, timeout: float = 0):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout or self.timeout)
         try:
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
             conn.request("GET", API + path, headers=headers)
@@ -121,7 +125,8 @@ class Peer:
     def state(self, name: str, version: str):
         """The peer's state of a version, or None when it holds nothing of it."""
         try:
-            data = json.loads(self._get(f"/{quote(name)}/{quote(version)}/state"))
+            data = json.loads(self._get(f"/{quote(name)}/{quote(version)}/state",
+                                        timeout=min(self.timeout, LOOK_TIMEOUT)))
         except PeerError as exc:
             if "HTTP 404" in str(exc):
                 return None
@@ -133,7 +138,8 @@ class Peer:
         return data
 
     def manifest(self, name: str, version: str) -> bytes:
-        return self._get(f"/{quote(name)}/{quote(version)}/manifest")
+        return self._get(f"/{quote(name)}/{quote(version)}/manifest",
+                         timeout=min(self.timeout, LOOK_TIMEOUT))
 
     def piece(self, name: str, version: str, index: int, into) -> str:
         """Read piece ``index`` into ``into``; returns the manifest digest the peer says

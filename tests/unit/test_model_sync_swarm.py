@@ -92,12 +92,12 @@ class Node:
         self.server.shutdown()
         self.server.server_close()
 
-    def sync(self, store, peers, pinned="", stall=30.0):
+    def sync(self, store, peers, pinned="", stall=30.0, timeout=5):
         params = {"name": "tiny", "version": "v1", "cache_root": str(self.cache),
                   "source": "path", "concurrency": 4, "keep_versions": 2,
                   "manifest_digest": pinned}
         source = SwarmSource(store, self.name, [{"name": p.name, "url": p.url} for p in peers],
-                             TOKEN, "tiny", "v1", timeout=5, stall=stall,
+                             TOKEN, "tiny", "v1", timeout=timeout, stall=stall,
                              pinned_digest=pinned)
         syncer = Syncer(params, source=source)
         try:
@@ -181,6 +181,27 @@ def test_a_lone_node_takes_everything_from_the_store(model, nodes, tmp_path):
     verified(node, manifest)
     assert store.served == mf.total_size(manifest)
     assert node.result["bytes_from_peers"] == {}
+
+
+def test_a_peer_that_never_answers_does_not_hold_the_sync_for_a_transfer_timeout(model, nodes):
+    """A powered-off node drops packets: looking at it gives up after a few seconds, not
+    after the transfer's timeout (which would blind the node to the others meanwhile)."""
+    import socket
+
+    store_root, manifest = model
+    (node,) = nodes(1)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # connections are accepted by the kernel, never answered
+    mute = type("Mute", (), {"name": "mute", "url": f"http://127.0.0.1:{silent.getsockname()[1]}"})
+    started = time.monotonic()
+    try:
+        node.sync(Store(store_root, "tiny", "v1"), [node, mute], timeout=30)
+    finally:
+        silent.close()
+    assert node.error is None, node.error
+    verified(node, manifest)
+    assert time.monotonic() - started < 15
 
 
 def test_a_new_node_takes_everything_from_a_complete_peer(model, nodes):
