@@ -378,3 +378,25 @@ def test_a_format_1_manifest_is_fetched_from_the_store_with_a_warning(model, nod
     assert store.served == mf.total_size(mf.loads((v1 / "manifest.json").read_text()))
     assert not (node.cache / "tiny" / ".peer-v1.json").exists()
     assert any("format 1 manifest (no piece hashes)" in w for w in node.warnings)
+
+
+def test_the_roles_list_of_peers_names_the_engine_nodes_that_take_part():
+    from ansible.errors import AnsibleFilterError
+    from ansible_collections.inferfleet.fleet.plugins.filter.model_sync import (
+        model_sync_peer_list,
+    )
+
+    groups = {"inference": ["n2", "n1", "n3", "v6"], "loadbalancers": ["lb"]}
+    hostvars = {"n1": {"inferfleet_address": "10.0.0.1"},
+                "n2": {"ansible_host": "10.0.0.2", "model_sync_peer_port": 9000},
+                "n3": {"ansible_host": "10.0.0.3", "model_sync_peers": False},
+                "v6": {"inferfleet_address": "2001:db8::6"},
+                "lb": {"ansible_host": "10.0.0.9"}}
+    assert model_sync_peer_list(groups, hostvars, {"peers": True, "port": 8950}) == [
+        {"name": "n1", "address": "10.0.0.1", "url": "http://10.0.0.1:8950"},
+        {"name": "n2", "address": "10.0.0.2", "url": "http://10.0.0.2:9000"},
+        {"name": "v6", "address": "2001:db8::6", "url": "http://[2001:db8::6]:8950"}]
+    assert model_sync_peer_list(groups, hostvars, {"peers": False, "port": 8950}) == []
+    hostvars["n1"] = {"ansible_host": "n1.example.com"}
+    with pytest.raises(AnsibleFilterError, match="Set inferfleet_address for n1"):
+        model_sync_peer_list(groups, hostvars, {"peers": True, "port": 8950})
