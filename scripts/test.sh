@@ -2,19 +2,21 @@
 # The whole test suite (what `make test` runs after setup) in two lanes at once, since
 # most of a scenario's time is spent waiting on containers, engines and timers, not on
 # the CPU: the heavy lane runs the install test (the installed CLI's whole path on the
-# lab, with two models on three engines), molecule/replicated (the longest), then
-# molecule/gpu_host; the other runs molecule/pipeline, then everything else (lint, unit
-# tests, the lab's services, molecule default and lb, the simulated fleet). The second
-# lane prints as it goes, the heavy lane's output follows when it ends. The install test
-# and the simulated fleet's both run the lab (its container names): one waits for the
-# other (tests/conftest.py, lab_names).
+# lab, with two models on three engines), molecule/replicated (the longest),
+# molecule/gpu_host, then the simulated fleet; the other runs molecule/pipeline, then
+# everything else (lint, unit tests, the lab's services, molecule default and lb). The
+# second lane prints as it goes, the heavy lane's output follows when it ends. The
+# install test and the simulated fleet's both run the lab (its container names), one
+# after the other in the heavy lane (tests/conftest.py, lab_names, would make one wait
+# for the other anywhere).
 # Extra arguments go to both lanes' pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTEST=.venv/bin/pytest
 HEAVY=(tests/integration/test_install.py
        "tests/integration/test_molecule.py::test_scenario[replicated]"
-       "tests/integration/test_molecule.py::test_scenario[gpu_host]")
+       "tests/integration/test_molecule.py::test_scenario[gpu_host]"
+       tests/integration/test_sim_fleet.py)
 FIRST=("tests/integration/test_molecule.py::test_scenario[pipeline]")
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
