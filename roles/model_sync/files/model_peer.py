@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: inferfleet contributors
 # Apache License 2.0 (see pyproject.toml)
 """inferfleet's model peer server: the pieces of model versions this node has verified,
