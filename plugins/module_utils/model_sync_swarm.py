@@ -379,9 +379,9 @@ def _holds(state, digest: str, index: int) -> bool:
 
 
 def _count(state) -> int:
+    """Pieces a peer holds (-1: all of them): how its progress is seen."""
     if not state:
         return 0
     if state.get("have") == "all":
         return -1
-    return sum(bin(int(state["have"][i:i + 2], 16)).count("1")
-               for i in range(0, len(state["have"]), 2))
+    return bin(int(state["have"] or "0", 16)).count("1")
