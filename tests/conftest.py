@@ -113,3 +113,19 @@ def wheelhouse() -> Path:
             pytest.fail(str(err), pytrace=False)
     os.environ["INFERFLEET_WHEELHOUSE"] = str(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def engine_image(node_image, wheelhouse) -> str:
+    """The node image with vLLM's CPU build installed by the role (inferfleet.lab.image),
+    for molecule's engine nodes; exported as INFERFLEET_ENGINE_IMAGE."""
+    from inferfleet.lab.build import BuildError
+    from inferfleet.lab.image import ensure_engine_image
+
+    with _exclusive("engine-image"):
+        try:
+            tag = ensure_engine_image(node_image, wheelhouse)
+        except BuildError as err:
+            pytest.fail(str(err), pytrace=False)
+    os.environ["INFERFLEET_ENGINE_IMAGE"] = tag
+    return tag

@@ -20,6 +20,10 @@ SCENARIOS = ["default", "lb", "replicated", "pipeline", "gpu_host"]
 # Ansible's: its create and destroy poll async docker tasks, which hang under Mitogen
 # (its issue 835).
 MITOGEN = {"replicated", "pipeline"}
+# Their engine nodes start from the engine image (vLLM installed: tests/conftest.py,
+# engine_image), so each converge skips the same install on every node; the install
+# test and `make demo` install on plain nodes.
+ENGINE_IMAGE = {"replicated", "pipeline"}
 
 
 def ignored(lines: list[str], i: int) -> bool:
@@ -50,7 +54,10 @@ def failures(scenario: str, log: str) -> str:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_scenario(scenario, node_image, wheelhouse, repo_root, venv_bin, tmp_path_factory):
+def test_scenario(scenario, node_image, wheelhouse, repo_root, venv_bin, tmp_path_factory,
+                  request):
+    if scenario in ENGINE_IMAGE:
+        request.getfixturevalue("engine_image")
     env = dict(os.environ, INFERFLEET_MITOGEN="1" if scenario in MITOGEN else "0")
     done = subprocess.run(
         [venv_bin / "molecule", "test", "-s", scenario],

@@ -10,8 +10,8 @@ import re
 import subprocess
 import tempfile
 
-# Lines that name the cause: apt's and debootstrap's errors, pip's, curl's.
-_CAUSE = re.compile(r"^(E: |Err:|ERROR: |W: Failure|curl: \(|.*No matching distribution)")
+# Lines that name the cause: apt's and debootstrap's errors, pip's, curl's, Ansible's.
+_CAUSE = re.compile(r"^(E: |Err:|ERROR: |W: Failure|curl: \(|fatal: |.*No matching distribution)")
 
 
 class BuildError(RuntimeError):
