@@ -42,6 +42,7 @@ ENGINE_INPUTS = [
     "roles/inference_engine/defaults/main.yml",
     "roles/inference_engine/files/requirements_of.py",
     "roles/package_lists/tasks/main.yml",
+    "roles/package_lists/tasks/installed.yml",
 ]
 ENGINE_WHEELHOUSE = "/opt/inferfleet/wheelhouse"  # where molecule mounts it, too
 
