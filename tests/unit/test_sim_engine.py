@@ -56,6 +56,24 @@ def test_the_default_profile_gives_its_published_figures():
     assert seconds == pytest.approx(0.0071, rel=0.05)  # ITL p50 7.1 ms at concurrency 32
 
 
+@pytest.mark.parametrize("path", sorted((FILES / "sim_profiles").glob("*.json")), ids=lambda p: p.stem)
+def test_every_shipped_profile_loads_under_its_own_name_and_says_where_it_came_from(path):
+    profile = sim.Profile.load(str(path))
+    assert profile.name == path.stem
+    assert "measured" in profile.source.lower() or "published" in profile.source.lower()
+
+
+def test_the_h100_profile_gives_the_decode_steps_measured_on_the_gpu_machine():
+    """docs/gpu-validation.md: measure.py on an H100 (2026-12-05), 8B shape: a decode step
+    of 1 sequence at 512 tokens of context took 7.66 ms, of 128 at 2048 tokens 19.7 ms."""
+    h100 = sim.Profile.load(str(FILES / "sim_profiles/h100-sxm-llama-3.1-8b.json"))
+    for running, context, measured in ((1, 512, 0.00766), (128, 2048, 0.0197)):
+        scheduler = sim.Scheduler(h100)
+        run(scheduler, [seq(range(i * 10000, i * 10000 + context), 8) for i in range(running)], 1)
+        seconds, _ = scheduler.step(0.0)  # all admitted and prefilled: a decode step alone
+        assert seconds == pytest.approx(measured, rel=0.05)
+
+
 def test_time_to_first_token_grows_with_uncached_prompt_tokens():
     short, long = seq(range(100)), seq(range(2000))
     run(sim.Scheduler(L4), [short])
