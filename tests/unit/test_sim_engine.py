@@ -56,7 +56,10 @@ def test_the_default_profile_gives_its_published_figures():
     assert seconds == pytest.approx(0.0071, rel=0.05)  # ITL p50 7.1 ms at concurrency 32
 
 
-@pytest.mark.parametrize("path", sorted((FILES / "sim_profiles").glob("*.json")), ids=lambda p: p.stem)
+PROFILES = sorted((FILES / "sim_profiles").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
 def test_every_shipped_profile_loads_under_its_own_name_and_says_where_it_came_from(path):
     profile = sim.Profile.load(str(path))
     assert profile.name == path.stem
