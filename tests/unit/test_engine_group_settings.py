@@ -69,8 +69,8 @@ def test_bad_group_settings_are_refused_naming_the_variable(tmp_path, settings, 
      "inference_engine_runtime sim simulates single-node instances: "
      "set inference_engine_pipeline_parallel_size to 1"),
     ({"inference_engine_sim_profile": "h100-llama"},
-     "inference_engine_sim_profile h100-llama is not a shipped profile (l4-qwen2.5-0.5b): "
-     "name one of them"),
+     "inference_engine_sim_profile h100-llama is not a shipped profile (h100-sxm-llama-3.1-8b, "
+     "h100-sxm-qwen2.5-72b, l4-qwen2.5-0.5b): name one of them"),
     ({}, None),
     ({"inference_engine_sim_profile": "/srv/profiles/mine.json"}, None),
 ])

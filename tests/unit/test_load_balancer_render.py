@@ -700,7 +700,18 @@ def _local_haproxy(tmp_path: Path, free_port, engines: dict, agents: dict | None
     cfg = out / "haproxy_open" / "haproxy.cfg"
     proxy = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return cfg, port, sock, proxy
+    # Started means its runtime socket answers: the file appears when HAProxy binds it,
+    # a moment before it listens (a connection then is refused).
+    for _ in range(100):
+        try:
+            _runtime(sock, "show info")
+            return cfg, port, sock, proxy
+        except (FileNotFoundError, ConnectionRefusedError):
+            if proxy.poll() is not None:
+                break
+            time.sleep(0.1)
+    proxy.kill()
+    pytest.fail(f"HAProxy's runtime socket never answered: {proxy.communicate()[0][-2000:]}")
 
 
 def test_nginx_closes_an_idle_engine_connection_before_the_engine(tmp_path, free_port):
@@ -768,7 +779,7 @@ def test_haproxy_takes_out_an_engine_that_refuses_connections(tmp_path, free_por
 
     try:
         for _ in range(100):
-            if sock.exists() and state("gone") == state("busy") == "UP":
+            if state("gone") == state("busy") == "UP":
                 break
             time.sleep(0.1)
         else:
@@ -845,7 +856,7 @@ def test_haproxy_takes_out_an_engine_whose_agent_says_down(tmp_path, free_port):
 
     def until(name: str, status: str) -> dict:
         for _ in range(100):
-            server = servers()[name] if sock.exists() else {}
+            server = servers()[name]
             if server.get("status") == status:
                 return server
             time.sleep(0.1)
@@ -917,7 +928,7 @@ def test_haproxy_prefix_routing_keeps_each_prefix_on_one_engine(tmp_path, free_p
         assert "balance hash var(txn.prefix)" in backend and "hash-balance-factor 200" in backend
         assert "tune.bufsize 262144" in _section(cfg, "global")
         for _ in range(100):
-            seen = _runtime(sock, "show stat -1 4 -1") if sock.exists() else ""
+            seen = _runtime(sock, "show stat -1 4 -1")
             if {s["status"] for s in haproxy_servers(seen, "inferfleet_engines")} == {"UP"}:
                 break
             time.sleep(0.1)
