@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import typer
 
-from inferfleet.commands import deploy, doctor, lab, model, plan, rollout, scale, status, verify
+from inferfleet.commands import (
+    deploy,
+    doctor,
+    lab,
+    migrate,
+    model,
+    plan,
+    rollout,
+    scale,
+    status,
+    verify,
+)
 
 app = typer.Typer(
     help="Provision and operate LLM inference fleets (vLLM behind HAProxy/Nginx).",
@@ -20,6 +31,7 @@ app.command("verify")(verify.verify)
 app.command("rollout")(rollout.rollout)
 app.command("rollback")(rollout.rollback)
 app.command("scale")(scale.scale)
+app.command("migrate")(migrate.migrate)
 app.command("doctor")(doctor.doctor)
 
 if __name__ == "__main__":

@@ -33,6 +33,49 @@ MAX_FAIL_PERCENTAGE = typer.Option(
 )
 EXTRA = typer.Option([], "-e", "--extra-vars", help="key=value or @file.yml")
 
+# How a new release (a canary, a migration's new instances) is judged against the old.
+GOLDEN = typer.Option(
+    None, help="YAML/JSON list of golden prompts or {prompt, expect} (default: three built in)."
+)
+GOLDEN_MAY_CHANGE = typer.Option(
+    False,
+    "--golden-may-change",
+    help="A new model version or quantization: golden answers may differ from the old ones.",
+)
+MAX_ERROR_RATE_INCREASE = typer.Option(
+    1.0, help="Percentage points of 5xx the new side may add over the old."
+)
+MAX_LATENCY_RATIO = typer.Option(
+    1.5, help="The new side's p50 and p95 may be at most this many times the old ones."
+)
+MIN_REQUESTS = typer.Option(5, help="Requests the new side must serve for a verdict.")
+
+
+def verdict_settings(
+    golden: Path | None,
+    golden_may_change: bool,
+    max_error_rate_increase: float,
+    max_latency_ratio: float,
+    min_requests: int,
+) -> tuple[c.Thresholds, list[c.Golden]]:
+    """The thresholds and golden prompts of a comparison, from the options above."""
+    if max_latency_ratio < 1 or max_error_rate_increase < 0 or min_requests < 0:
+        fail(
+            "--max-latency-ratio must be 1 or more, --max-error-rate-increase and "
+            "--min-requests 0 or more"
+        )
+    try:
+        prompts = c.load_golden(golden)
+    except ValueError as err:
+        fail(str(err))
+    limits = c.Thresholds(
+        max_error_rate_increase=max_error_rate_increase / 100,
+        max_latency_ratio=max_latency_ratio,
+        min_requests=min_requests,
+        golden_may_change=golden_may_change,
+    )
+    return limits, prompts
+
 
 def _batch_vars(serial: int, max_fail_percentage: int) -> dict:
     if serial < 1:
@@ -93,32 +136,42 @@ def _metrics(fleet: fleet_mod.Fleet) -> dict[str, c.Snapshot]:
     return out
 
 
-def _canary_window(
+def watch(
     fleet: fleet_mod.Fleet,
-    node: fleet_mod.Node,
+    model: str,
+    new: list[str],
     seconds: float,
     requests: int,
     load: int,
 ) -> tuple[c.Side, c.Side]:
-    """Watch the canary and the old instances of its model over the same window of
-    traffic: until `seconds` have passed or the canary has answered `requests` (0: no
-    such limit)."""
+    """Watch the serving hosts `new` (the canary, or a migration's new instances) and the
+    other instances of their model over the same window of traffic: until `seconds` have
+    passed or `new` have answered `requests` (0: no such limit), with `load` requests in
+    flight through the first load balancer."""
     before = _metrics(fleet)
     started = time.monotonic()
-    key = fleet.key_for(node.model)
-    with v.LoadLoop(fleet.balancers[:1], node.model, key, workers=load, pause=0.2):
+
+    def served(now: dict[str, c.Snapshot]) -> float:
+        return sum((now[h] - before[h]).requests for h in new)
+
+    with v.LoadLoop(fleet.balancers[:1], model, fleet.key_for(model), workers=load, pause=0.2):
         while time.monotonic() - started < seconds:
             time.sleep(1)
-            if requests and (_metrics(fleet)[node.host] - before[node.host]).requests >= requests:
+            if requests and served(_metrics(fleet)) >= requests:
                 break
     after = _metrics(fleet)
     delta = {h: after[h] - before[h] for h in after}
-    peers = {n.host for n in fleet.serving_of(node.model)}
-    old = [delta[h] for h in delta if h != node.host and h in peers]
-    total = old[0]
-    for d in old[1:]:
+    peers = {n.host for n in fleet.serving_of(model)}
+    return _sum([delta[h] for h in new]).side(), _sum(
+        [delta[h] for h in delta if h not in new and h in peers]
+    ).side()
+
+
+def _sum(snapshots: list[c.Snapshot]) -> c.Snapshot:
+    total = snapshots[0]
+    for d in snapshots[1:]:
         total = total + d
-    return delta[node.host].side(), total.side()
+    return total
 
 
 def _too_few(rows: list[c.Row], limits: c.Thresholds, seconds: float, load: int) -> str:
@@ -198,7 +251,7 @@ def _canary(
             f"canary weight {weight} (about {effective:.0%} of HAProxy's requests); watching "
             f"for {seconds:g} s" + (f" or {requests} canary requests" if requests else "")
         )
-        mine, theirs = _canary_window(fleet, node, seconds, requests, load)
+        mine, theirs = watch(fleet, model, [node.host], seconds, requests, load)
         answers = [
             (
                 g,
@@ -293,22 +346,11 @@ def rollout(
         help="Requests in flight the CLI adds through the load balancer while it watches "
         "(0: judge on live traffic alone).",
     ),
-    golden: Path | None = typer.Option(
-        None,
-        help="YAML/JSON list of golden prompts or {prompt, expect} (default: three built in).",
-    ),
-    golden_may_change: bool = typer.Option(
-        False,
-        "--golden-may-change",
-        help="A new model version: golden answers may differ from the old release's.",
-    ),
-    max_error_rate_increase: float = typer.Option(
-        1.0, help="Percentage points of 5xx the canary may add over the old release."
-    ),
-    max_latency_ratio: float = typer.Option(
-        1.5, help="The canary's p50 and p95 may be at most this many times the old ones."
-    ),
-    min_requests: int = typer.Option(5, help="Requests the canary must serve for a verdict."),
+    golden: Path | None = GOLDEN,
+    golden_may_change: bool = GOLDEN_MAY_CHANGE,
+    max_error_rate_increase: float = MAX_ERROR_RATE_INCREASE,
+    max_latency_ratio: float = MAX_LATENCY_RATIO,
+    min_requests: int = MIN_REQUESTS,
     from_inventory: bool = typer.Option(
         False,
         "--from-inventory",
@@ -335,22 +377,10 @@ def rollout(
     if canary:
         if not 0 < canary_share < 100:
             fail(f"--canary-share {canary_share:g}: give a percentage above 0 and below 100")
-        if canary_seconds <= 0 or canary_requests < 0 or canary_load < 0 or min_requests < 0:
-            fail(
-                "--canary-seconds must be above 0; --canary-requests, --canary-load and "
-                "--min-requests 0 or more"
-            )
-        if max_latency_ratio < 1 or max_error_rate_increase < 0:
-            fail("--max-latency-ratio must be 1 or more, --max-error-rate-increase 0 or more")
-        try:
-            prompts = c.load_golden(golden)
-        except ValueError as err:
-            fail(str(err))
-        limits = c.Thresholds(
-            max_error_rate_increase=max_error_rate_increase / 100,
-            max_latency_ratio=max_latency_ratio,
-            min_requests=min_requests,
-            golden_may_change=golden_may_change,
+        if canary_seconds <= 0 or canary_requests < 0 or canary_load < 0:
+            fail("--canary-seconds must be above 0; --canary-requests and --canary-load 0 or more")
+        limits, prompts = verdict_settings(
+            golden, golden_may_change, max_error_rate_increase, max_latency_ratio, min_requests
         )
     model, limit = _model_hosts(path, model, "rollout")
     if canary:
