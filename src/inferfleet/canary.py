@@ -186,7 +186,7 @@ def judge(
             "requests served",
             f"{canary.requests:.0f}",
             f"{old.requests:.0f}",
-            f">= {limits.min_requests} on the canary",
+            f">= {limits.min_requests}",
             canary.requests >= limits.min_requests,
         ),
         Row(

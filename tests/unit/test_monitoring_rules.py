@@ -74,19 +74,21 @@ def _promtool() -> str:
     return found
 
 
-def _render(tmp: Path, lbs: dict, extra: dict | None = None) -> subprocess.CompletedProcess:
-    out = tmp / "etc-prometheus"
+def _inventory(tmp: Path, lbs: dict, extra: dict | None = None,
+               engines: dict | None = None) -> Path:
+    """tmp/inventory.yml: `engines`, `lbs` and the monitoring host, which renders into
+    tmp/etc-prometheus."""
     inventory = {
         "all": {
             # The fleet's model; cpu-c serves another.
             "vars": {"inferfleet_model_name": "m"},
             "children": {
-                "inference": {"hosts": ENGINES},
+                "inference": {"hosts": engines or ENGINES},
                 "loadbalancers": {"hosts": lbs},
                 "monitoring": {"hosts": {"mon": {
                     "ansible_connection": "local",
                     "ansible_python_interpreter": sys.executable,
-                    "monitoring_prometheus_config_dir": str(out),
+                    "monitoring_prometheus_config_dir": str(tmp / "etc-prometheus"),
                     "monitoring_alertmanagers": ["am1:9093"],
                     "monitoring_prometheus_external_labels": {"fleet": "test"},
                     **(extra or {}),
@@ -94,12 +96,20 @@ def _render(tmp: Path, lbs: dict, extra: dict | None = None) -> subprocess.Compl
             }
         }
     }
+    tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    return tmp / "inventory.yml"
+
+
+def _render(tmp: Path, lbs: dict, extra: dict | None = None,
+            inventory: Path | None = None) -> subprocess.CompletedProcess:
+    """Render Prometheus's files from `inventory` (default: _inventory's in tmp)."""
+    inventory = inventory or _inventory(tmp, lbs, extra)
     (tmp / "render.yml").write_text(PLAYBOOK)
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     return subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", str(tmp / "inventory.yml"), str(tmp / "render.yml")],
+        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), str(tmp / "render.yml")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
 
@@ -178,6 +188,28 @@ def test_hosts_on_their_way_out_are_no_longer_scraped(tmp_path):
     assert sorted(_targets(rendered, "engine")) == ["cpu-c", "gpu-b0"]
     assert "gpu-a" not in _targets(rendered, "node")
     assert "gpu-a" not in _targets(rendered, "dcgm")
+
+
+def test_the_group_labels_follow_a_migration_step(tmp_path):
+    """`inferfleet migrate` runs scale.yml, and so this role, with a mixed inventory: the
+    pipeline `big`'s members, moved to replicas, lose its labels (and the group alert,
+    which counts members by them, goes with them); the others keep theirs."""
+    from inferfleet import migrate
+
+    group = ("inferfleet_instance", "inferfleet_rank")
+    replicas = {h: {k: v for k, v in hv.items() if k not in group} for h, hv in ENGINES.items()}
+    old = migrate.read(_inventory(tmp_path / "old", LBS))
+    new = migrate.read(_inventory(tmp_path / "new", LBS, engines=replicas))
+    mixed = migrate.write(migrate.mixed(old, new, {"gpu-b0", "gpu-b1"}), tmp_path / "mixed.yml")
+    run = _render(tmp_path, LBS, inventory=mixed)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    # (the mixed inventory's monitoring host renders where the old layout's would)
+    rendered = tmp_path / "old" / "etc-prometheus"
+    nodes = _targets(rendered, "node")
+    assert {h: (nodes[h]["inferfleet_instance"], nodes[h]["inferfleet_instance_size"])
+            for h in ("gpu-a", "gpu-b0", "gpu-b1")} == {
+        "gpu-a": ("gpu-a", "1"), "gpu-b0": ("gpu-b0", "1"), "gpu-b1": ("gpu-b1", "1")}
+    assert sorted(_targets(rendered, "engine")) == ["cpu-c", "gpu-a", "gpu-b0", "gpu-b1"]
 
 
 def test_dcgm_only_on_gpu_nodes(rendered):
