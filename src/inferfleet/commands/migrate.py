@@ -288,7 +288,10 @@ def migrate(
         )
         if all(r.passed for _, rows in verdicts for r in rows):
             moved |= set(step.hosts)
-            console.print(f"[green]{number} done: {', '.join(step.new)} serve at full weight[/]")
+            console.print(
+                f"[green]{number} done: {', '.join(step.new)} serve at full weight; the "
+                f"comparison is in {added.record}[/]"
+            )
             continue
         failed = [r.check for _, rows in verdicts for r in rows if not r.passed]
         console.print(
