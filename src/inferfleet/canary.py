@@ -225,6 +225,39 @@ def judge(
     return rows
 
 
+def _tokens(value) -> int | None:
+    try:
+        return int(value) or None
+    except (TypeError, ValueError):
+        return None
+
+
+def kv_rows(instances: list[tuple[str, str]], figures: dict[str, dict]) -> list[Row]:
+    """A row per (instance, host that logs its KV cache) with a plan to compare with:
+    `figures` are the engine role's capacity check by host (set_stats
+    inferfleet_kv_cache: logged, planned, tolerance_pct). Short of the plan by more than
+    the tolerance fails (the concurrency and context the fleet was planned for no longer
+    fit); more than planned passes. No plan (a GPU engine without the preflight's): no
+    row, as the role only reports the figure then."""
+    rows = []
+    for instance, host in instances:
+        figure = figures.get(host) or {}
+        planned, logged = _tokens(figure.get("planned")), _tokens(figure.get("logged"))
+        if planned is None:
+            continue
+        tolerance = float(figure.get("tolerance_pct", 0))
+        rows.append(
+            Row(
+                f"KV cache of {instance}",
+                f"{logged} tokens" if logged else "not logged",
+                f"plan {planned} tokens",
+                f">= plan - {tolerance:g} %",
+                logged is not None and logged >= planned * (1 - tolerance / 100),
+            )
+        )
+    return rows
+
+
 def as_record(rows: list[Row], limits: Thresholds, **context) -> dict:
     """The comparison as kept in the run's record."""
     return {

@@ -127,6 +127,31 @@ def test_golden_answers_may_change_for_a_new_model_but_not_against_an_expectatio
     assert rows[-1].old == "expect 'want'"
 
 
+def test_a_new_instance_short_of_its_kv_plan_fails_and_one_at_or_above_it_passes():
+    figures = {
+        "n1": {"logged": 524288, "planned": 524288, "tolerance_pct": 3.0},
+        "n2": {"logged": 510000, "planned": 524288, "tolerance_pct": 3.0},  # -2.7 %
+        "n3": {"logged": 262144, "planned": 524288, "tolerance_pct": 3.0},  # half
+        "n4": {"logged": 1048576, "planned": 524288, "tolerance_pct": 3.0},  # more
+        "n5": {"logged": None, "planned": 524288, "tolerance_pct": 3.0},
+    }
+    rows = c.kv_rows([(h.replace("n", "i"), h) for h in figures], figures)
+    assert [r.passed for r in rows] == [True, True, False, True, False]
+    assert rows[2].check == "KV cache of i3"
+    assert (rows[2].canary, rows[2].old, rows[2].limit) == (
+        "262144 tokens",
+        "plan 524288 tokens",
+        ">= plan - 3 %",
+    )
+    assert rows[4].canary == "not logged"
+
+
+def test_no_kv_plan_no_kv_row():
+    # a GPU engine without the preflight's plan, or a host the run did not start
+    figures = {"gpu": {"logged": 90000, "planned": None, "tolerance_pct": 3.0}}
+    assert c.kv_rows([("a", "gpu"), ("b", "elsewhere")], figures) == []
+
+
 @pytest.mark.parametrize(
     "share, others, weight, expected",
     [

@@ -169,7 +169,8 @@ def test_vaulted_variables_are_refused_with_what_to_do(tmp_path):
         m.parse(tmp_path, listing)
 
 
-def test_plan_prints_the_steps_and_what_serves_and_changes_nothing(tmp_path):
+def test_plan_prints_the_steps_and_what_serves_and_changes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr("inferfleet.commands.migrate.RUNS_DIR", tmp_path / "runs")
     result = CliRunner().invoke(
         app,
         [
@@ -183,6 +184,26 @@ def test_plan_prints_the_steps_and_what_serves_and_changes_nothing(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert "node1, node2" in result.output and "tiny: 1 of 2 instances" in result.output
+    # and how to run each step by hand: scale.yml with the inventories before and after it
+    (before,) = (tmp_path / "runs").glob("migrate-*/step1-before.yml")
+    after = before.with_name("step1-after.yml")
+    text = " ".join(result.output.split())
+    assert (
+        f"ansible-playbook -i {before} inferfleet.fleet.scale -e "
+        '\'{"scale_remove": ["node1", "node2"]}\'' in text
+    )
+    assert (
+        f"ansible-playbook -i {after} inferfleet.fleet.scale -e "
+        '\'{"scale_add": ["node1", "node2"], "scale_replace": true}\'' in text
+    )
+    for path in (before, after):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [n.instance for n in fleet_mod.load(before).serving_of("tiny")] == ["pp", "single"]
+    assert [n.instance for n in fleet_mod.load(after).serving_of("tiny")] == [
+        "node1",
+        "node2",
+        "single",
+    ]
 
 
 @pytest.mark.parametrize(

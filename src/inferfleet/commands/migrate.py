@@ -4,11 +4,13 @@ the steps). Each step takes a set of hosts out as their old instances (scale.yml
 drained, out of every load balancer, stopped), brings them back as the new instances
 (scale.yml add: a new pipeline's network measured first, synced, started, added with slow
 start), gives the new instances a small share of the requests, compares them with the
-instances of the old layout over the same window (as a canary), and widens them to their
-full weight, or steps back to the old layout when they regress."""
+instances of the old layout over the same window (as a canary) and their KV cache with the
+capacity plan, and widens them to their full weight, or steps back to the old layout when
+they regress."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -125,9 +127,11 @@ def _compare(
     seconds: float,
     requests: int,
     load: int,
+    kv: dict[str, dict],
 ) -> list[tuple[str, list[c.Row]]]:
     """Each model's new instances of the step at a small share of the requests, compared
-    with the rest of the fleet over the same window; back to full weight after."""
+    with the rest of the fleet over the same window, and their KV cache with the plan
+    (`kv`: the add run's capacity figures by host); back to full weight after."""
     fleet = fleet_mod.load(inventory)
     new = [n for n in fleet.serving if n.instance in step.new]
     out = []
@@ -153,7 +157,7 @@ def _compare(
                 old_side,
                 list(zip(golden, answers, reference[model], strict=True)),
                 limits,
-            )
+            ) + c.kv_rows([(n.instance, n.host) for n in mine], kv)
         except Exception as err:  # noqa: BLE001 (no verdict is a regression: step back)
             rows = [c.Row("comparison", "", "", "a verdict", False)]
             console.print(f"[red]no verdict on the new instances of {model}: {err}[/]")
@@ -240,17 +244,40 @@ def migrate(
     short = _plan_table(steps, before, min_capacity)
     if short:
         fail("; ".join(short) + ": lower --min-capacity, or add instances first", 4)
+    # Each step's inventories: before it, the hosts of earlier steps as the new layout
+    # (a step that fails ends the migration, so later files are only used once it passed)
+    workdir = RUNS_DIR / time.strftime("migrate-%Y%m%d-%H%M%S")
+    files = []
+    for i, step in enumerate(steps):
+        moved = {h for s in steps[:i] for h in s.hosts}
+        files.append(
+            (
+                m.write(m.mixed(old, new, moved), workdir / f"step{i + 1}-before.yml"),
+                m.write(
+                    m.mixed(old, new, moved | set(step.hosts)), workdir / f"step{i + 1}-after.yml"
+                ),
+            )
+        )
     if plan_only:
+        console.print(
+            "Each step by hand with ansible-playbook (no comparison and no step back; "
+            "the files hold the fleet's keys):"
+        )
+        for i, (step, (was, then)) in enumerate(zip(steps, files, strict=True)):
+            hosts = json.dumps(step.hosts)
+            console.print(
+                f"  {i + 1}. ansible-playbook -i {was} inferfleet.fleet.scale -e "
+                f"'{{\"scale_remove\": {hosts}}}'\n"
+                f"     ansible-playbook -i {then} inferfleet.fleet.scale -e "
+                f"'{{\"scale_add\": {hosts}, \"scale_replace\": true}}'",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,  # whole lines, to copy
+            )
         raise typer.Exit(0)
 
-    workdir = RUNS_DIR / time.strftime("migrate-%Y%m%d-%H%M%S")
-    moved: set[str] = set()
-    for i, step in enumerate(steps):
+    for i, (step, (was, then)) in enumerate(zip(steps, files, strict=True)):
         number = f"step {i + 1} of {len(steps)}"
-        was = m.write(m.mixed(old, new, moved), workdir / f"step{i + 1}-before.yml")
-        then = m.write(
-            m.mixed(old, new, moved | set(step.hosts)), workdir / f"step{i + 1}-after.yml"
-        )
         console.print(
             f"[bold]{number}: {', '.join(step.hosts)} from {', '.join(step.old)} to "
             f"{', '.join(step.new)}; serving meanwhile: "
@@ -270,7 +297,16 @@ def migrate(
         added = _scale("add", then, step.hosts, extra_vars)
         verdicts = (
             _compare(
-                then, step, reference, golden_prompts, limits, share / 100, seconds, requests, load
+                then,
+                step,
+                reference,
+                golden_prompts,
+                limits,
+                share / 100,
+                seconds,
+                requests,
+                load,
+                added.data.get("inferfleet_kv_cache") or {},
             )
             if added.rc == 0
             else [("", [c.Row("the new instances start", "", "", "started", False)])]
@@ -287,7 +323,6 @@ def migrate(
             },
         )
         if all(r.passed for _, rows in verdicts for r in rows):
-            moved |= set(step.hosts)
             console.print(
                 f"[green]{number} done: {', '.join(step.new)} serve at full weight; the "
                 f"comparison is in {added.record}[/]"
