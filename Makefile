@@ -1,5 +1,5 @@
 # inferfleet: the README's two commands are `make demo` and `make test`.
-.PHONY: setup demo test test-fresh test-migration lint bench bench-lb bench-routing gpu-bundle clean
+.PHONY: setup demo test test-fresh lint bench bench-lb bench-routing gpu-bundle clean
 
 setup:
 	scripts/setup.sh
@@ -15,11 +15,6 @@ test: setup
 test-fresh:
 	scripts/forget-caches.sh
 	$(MAKE) test
-
-# molecule/pipeline with its topology migration phases (about 15 minutes more than in
-# CI, which leaves them out for its time): docs/pipeline.md.
-test-migration: setup
-	INFERFLEET_MIGRATION_SCENARIO=1 .venv/bin/pytest "tests/integration/test_molecule.py::test_scenario[pipeline]"
 
 lint: setup
 	.venv/bin/pytest tests/test_lint.py
