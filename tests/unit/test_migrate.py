@@ -216,6 +216,11 @@ def test_plan_prints_the_steps_and_what_serves_and_changes_nothing(tmp_path, mon
             "below --min-capacity 60 %",
         ),
         (["--share", "0"], 1, "--share 0: give a percentage above 0 and below 100"),
+        (
+            ["--share", "50", "--share", "10"],
+            1,
+            "--share 50 --share 10: give the shares in increasing order, each once",
+        ),
         (["--seconds", "0"], 1, "--seconds must be above 0"),
         (["--max-latency-ratio", "0.5"], 1, "--max-latency-ratio must be 1 or more"),
     ],
@@ -241,3 +246,52 @@ def test_a_missing_target_inventory_is_named(tmp_path):
         app, ["migrate", "-i", str(pipeline_and_single(tmp_path)), "--to", str(tmp_path / "nope")]
     )
     assert result.exit_code == 1 and "does not exist" in result.output
+
+
+def test_the_new_instances_widen_share_by_share_and_stop_at_the_first_that_fails(
+    tmp_path, monkeypatch
+):
+    """_compare with HAProxy's weights, the watch and the golden answers stood in for
+    (the pipeline scenario runs them for real): each share's weight set and judged in
+    turn, then full weight; a failing share ends the comparison there, the new instances
+    left at that small weight for the step back to drain."""
+    from inferfleet import canary as c
+    from inferfleet.commands import migrate as cmd
+
+    inv = replicas(tmp_path)
+    step = m.Step(["node1", "node2"], ["pp"], ["node1", "node2"], ["tiny", "tiny"])
+    weights, windows = [], []
+    monkeypatch.setattr(cmd, "_weights", lambda path, w: weights.append(w) or True)
+    good = c.Side(requests=10, errors=0, p50=0.1, p95=0.2)
+
+    def watch(fleet, model, hosts, seconds, requests, load):
+        windows.append(hosts)
+        slow = c.Side(requests=10, errors=0, p50=9.0, p95=9.0)
+        return (slow if len(windows) == fail_at else good), good
+
+    monkeypatch.setattr(cmd, "watch", watch)
+    monkeypatch.setattr(cmd, "_answers", lambda fleet, hosts, model, golden: ["a"])
+    golden = [c.Golden("q")]
+    kv = {"node1": {"logged": 100, "planned": 100, "tolerance_pct": 3}}
+
+    def run():
+        weights.clear()
+        windows.clear()
+        return cmd._compare(
+            inv, step, {"tiny": ["a"]}, golden, c.Thresholds(), [0.1, 0.5], 1, 0, 0, kv
+        )
+
+    fail_at = 0
+    out = run()
+    assert [(model, share) for model, share, _ in out] == [("tiny", 0.1), ("tiny", 0.5)]
+    assert all(r.passed for _, _, rows in out for r in rows)
+    assert "KV cache of node1" in [r.check for r in out[0][2]]
+    # one other instance serving (single): weights for 10 % then 50 % split over two, then full
+    assert weights == [{"node1": 5, "node2": 5}, {"node1": 50, "node2": 50},
+                       {"node1": "100%", "node2": "100%"}]
+    assert windows == [["node1", "node2"]] * 2
+
+    fail_at = 1
+    out = run()
+    assert len(out) == 1 and not all(r.passed for r in out[0][2])
+    assert weights == [{"node1": 5, "node2": 5}]  # no wider share, no full weight

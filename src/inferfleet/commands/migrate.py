@@ -117,65 +117,80 @@ def _answers(
     return [v.complete(node.base, model, fleet.engine_key, g.prompt).text for g in golden]
 
 
+def _table(title: str, rows: list[c.Row]) -> Table:
+    table = Table(title=title)
+    for col in ("check", "new", "old", "limit", "result"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(
+            r.check, r.canary, r.old, r.limit, "[green]pass[/]" if r.passed else "[red]FAIL[/]"
+        )
+    return table
+
+
 def _compare(
     inventory: Path,
     step: m.Step,
     reference: dict[str, list[str]],
     golden: list[c.Golden],
     limits: c.Thresholds,
-    share: float,
+    shares: list[float],
     seconds: float,
     requests: int,
     load: int,
     kv: dict[str, dict],
-) -> list[tuple[str, list[c.Row]]]:
-    """Each model's new instances of the step at a small share of the requests, compared
-    with the rest of the fleet over the same window, and their KV cache with the plan
-    (`kv`: the add run's capacity figures by host); back to full weight after."""
+) -> list[tuple[str, float, list[c.Row]]]:
+    """Each model's new instances of the step at each of `shares` of the requests in turn,
+    compared with the rest of the fleet over the same window, and their KV cache with the
+    plan (`kv`: the add run's capacity figures by host); then full weight. The first
+    comparison that fails ends it (the caller steps back: the new instances stay at their
+    small weight until drained)."""
     fleet = fleet_mod.load(inventory)
     new = [n for n in fleet.serving if n.instance in step.new]
     out = []
     for model in dict.fromkeys(step.models):
         mine = [n for n in new if n.model == model]
+        names = ", ".join(n.instance for n in mine)
         others = len(fleet.serving_of(model)) - len(mine)
-        weight = max(1, c.weight_for_share(share, others, fleet.weight) // len(mine))
-        try:
-            if not _weights(inventory, {n.instance: weight for n in mine}):
-                raise RuntimeError(f"HAProxy refused weight {weight}")
-            console.print(
-                f"{model}: the new instances {', '.join(n.instance for n in mine)} at weight "
-                f"{weight} each (about {share:.0%} of HAProxy's requests in all once servers "
-                "are busy: leastconn spreads evenly among idle ones); watching for "
-                f"{seconds:g} s" + (f" or {requests} requests" if requests else "")
-            )
-            new_side, old_side = watch(
-                fleet, model, [n.host for n in mine], seconds, requests, load
-            )
-            answers = _answers(fleet, [n.host for n in mine], model, golden)
-            rows = c.judge(
-                new_side,
-                old_side,
-                list(zip(golden, answers, reference[model], strict=True)),
-                limits,
-            ) + c.kv_rows([(n.instance, n.host) for n in mine], kv)
-        except Exception as err:  # noqa: BLE001 (no verdict is a regression: step back)
-            rows = [c.Row("comparison", "", "", "a verdict", False)]
-            console.print(f"[red]no verdict on the new instances of {model}: {err}[/]")
-        finally:
-            if not _weights(inventory, {n.instance: "100%" for n in mine}):
+        for share in shares:
+            weight = max(1, c.weight_for_share(share, others, fleet.weight) // len(mine))
+            try:
+                if not _weights(inventory, {n.instance: weight for n in mine}):
+                    raise RuntimeError(f"HAProxy refused weight {weight}")
                 console.print(
-                    f"[red]could not set {', '.join(n.instance for n in mine)}'s weight "
-                    "back: reload HAProxy (`inferfleet deploy` with the new inventory)[/]"
+                    f"{model}: the new instances {names} at weight {weight} each (about "
+                    f"{share:.0%} of HAProxy's requests in all once servers are busy: "
+                    f"leastconn spreads evenly among idle ones); watching for {seconds:g} s"
+                    + (f" or {requests} requests" if requests else "")
                 )
-        table = Table(title=f"step: {model} on {', '.join(step.new)} against the other instances")
-        for col in ("check", "new", "old", "limit", "result"):
-            table.add_column(col, overflow="fold")
-        for r in rows:
-            table.add_row(
-                r.check, r.canary, r.old, r.limit, "[green]pass[/]" if r.passed else "[red]FAIL[/]"
+                new_side, old_side = watch(
+                    fleet, model, [n.host for n in mine], seconds, requests, load
+                )
+                answers = _answers(fleet, [n.host for n in mine], model, golden)
+                rows = c.judge(
+                    new_side,
+                    old_side,
+                    list(zip(golden, answers, reference[model], strict=True)),
+                    limits,
+                ) + c.kv_rows([(n.instance, n.host) for n in mine], kv)
+            except Exception as err:  # noqa: BLE001 (no verdict is a regression: step back)
+                rows = [c.Row("comparison", "", "", "a verdict", False)]
+                console.print(f"[red]no verdict on the new instances of {model}: {err}[/]")
+            console.print(
+                _table(
+                    f"step: {model} on {', '.join(step.new)} at {share:.0%} against the "
+                    "other instances",
+                    rows,
+                )
             )
-        console.print(table)
-        out.append((model, rows))
+            out.append((model, share, rows))
+            if not all(r.passed for r in rows):
+                return out
+        if not _weights(inventory, {n.instance: "100%" for n in mine}):
+            console.print(
+                f"[red]could not set {names}'s weight back: reload HAProxy (`inferfleet "
+                "deploy` with the new inventory)[/]"
+            )
     return out
 
 
@@ -188,8 +203,11 @@ def migrate(
     min_capacity: float = typer.Option(
         50.0, help="Percent of each model's serving instances that must keep serving in a step."
     ),
-    share: float = typer.Option(
-        10.0, help="Percent of HAProxy's requests the new instances get while compared."
+    share: list[float] = typer.Option(
+        [10.0],
+        help="Percent of HAProxy's requests the new instances get while compared; again "
+        "to widen in steps (--share 10 --share 50): each share is watched and judged in "
+        "turn, then full weight.",
     ),
     seconds: float = typer.Option(60.0, help="How long each step's comparison watches."),
     requests: int = typer.Option(
@@ -215,8 +233,14 @@ def migrate(
         fail(f"--to {to} does not exist: give the inventory of the layout to migrate to")
     if not 0 <= min_capacity < 100:
         fail(f"--min-capacity {min_capacity:g}: give a percentage, 0 or more and below 100")
-    if not 0 < share < 100:
-        fail(f"--share {share:g}: give a percentage above 0 and below 100")
+    for value in share:
+        if not 0 < value < 100:
+            fail(f"--share {value:g}: give a percentage above 0 and below 100")
+    if share != sorted(set(share)):
+        fail(
+            f"--share {' --share '.join(f'{v:g}' for v in share)}: give the shares in "
+            "increasing order, each once (the new instances widen from one to the next)"
+        )
     if seconds <= 0 or requests < 0 or load < 0:
         fail("--seconds must be above 0; --requests and --load 0 or more")
     limits, golden_prompts = verdict_settings(
@@ -302,14 +326,14 @@ def migrate(
                 reference,
                 golden_prompts,
                 limits,
-                share / 100,
+                [v / 100 for v in share],
                 seconds,
                 requests,
                 load,
                 added.data.get("inferfleet_kv_cache") or {},
             )
             if added.rc == 0
-            else [("", [c.Row("the new instances start", "", "", "started", False)])]
+            else [("", 0.0, [c.Row("the new instances start", "", "", "started", False)])]
         )
         add_to_record(
             added.record,
@@ -319,16 +343,18 @@ def migrate(
                 "hosts": step.hosts,
                 "old": step.old,
                 "new": step.new,
-                "comparisons": [c.as_record(rows, limits, model=mo) for mo, rows in verdicts],
+                "comparisons": [
+                    c.as_record(rows, limits, model=mo, share=sh) for mo, sh, rows in verdicts
+                ],
             },
         )
-        if all(r.passed for _, rows in verdicts for r in rows):
+        if all(r.passed for _, _, rows in verdicts for r in rows):
             console.print(
                 f"[green]{number} done: {', '.join(step.new)} serve at full weight; the "
                 f"comparison is in {added.record}[/]"
             )
             continue
-        failed = [r.check for _, rows in verdicts for r in rows if not r.passed]
+        failed = [r.check for _, _, rows in verdicts for r in rows if not r.passed]
         console.print(
             f"[red]{number}: the new instances regressed ({', '.join(failed)}): "
             "stepping back to the old layout[/]"
