@@ -104,6 +104,15 @@ def load_balancer_servers(instances: Mapping, hostvars: Mapping, defaults: Mappi
     return sorted(servers, key=lambda s: s["name"])
 
 
+def _stat_rows(stat: str) -> csv.DictReader:
+    """The rows of `show stat`'s CSV, from its header line on: once, right after a reload,
+    an answer parsed into rows without a header, as one that begins with a blank line does
+    (a CI run on 2026-12-06; the answer itself was not kept)."""
+    text = str(stat)
+    start = text.find("# pxname,")
+    return csv.DictReader((text[start + 2:] if start >= 0 else "").splitlines())
+
+
 def haproxy_servers(stat: str, backend: str) -> list:
     """The servers of the engines' backends in HAProxy's `show stat` CSV: `backend` and,
     on a fleet of several models, each model's `backend_<model>`. Name, backend, status,
@@ -112,7 +121,7 @@ def haproxy_servers(stat: str, backend: str) -> list:
     reason (check_status, e.g. L4TOUT; last_chk). With agent checks HAProxy writes
     "DOWN (agent)" for a server its agent took down and "DRAIN (agent)" for any drained
     one: status is the state alone (DOWN, DRAIN) and agent_down says the agent's part."""
-    rows = csv.DictReader(str(stat).lstrip("# ").splitlines())
+    rows = _stat_rows(stat)
     return [
         {"name": r["svname"], "backend": r["pxname"],
          "status": r["status"].removesuffix(" (agent)"),
@@ -128,7 +137,7 @@ def haproxy_servers(stat: str, backend: str) -> list:
 def haproxy_backends(stat: str, backend: str) -> list:
     """The engines' backends HAProxy runs, from `show stat` CSV with its BACKEND rows
     (type mask 2 or more): `backend` and each model's `backend_<model>`."""
-    rows = csv.DictReader(str(stat).lstrip("# ").splitlines())
+    rows = _stat_rows(stat)
     return [
         r["pxname"]
         for r in rows
@@ -141,7 +150,7 @@ def haproxy_queues(stat: str, backend: str) -> dict:
     """The engines' backends' queues from `show stat` CSV with BACKEND rows: {backend:
     {queued: requests waiting for a server (qcur), sessions: those and the ones the servers
     serve (scur)}}."""
-    rows = csv.DictReader(str(stat).lstrip("# ").splitlines())
+    rows = _stat_rows(stat)
     return {
         r["pxname"]: {"queued": int(r.get("qcur") or 0), "sessions": int(r.get("scur") or 0)}
         for r in rows

@@ -37,6 +37,10 @@ def test_the_engines_backends_and_their_servers_are_read_from_show_stat():
         ("inferfleet_engines", "node2", "DRAIN"),
         ("inferfleet_engines_org_beta-1.5", "node3", "UP"),
     ]
+    # Whatever comes before the header is left out (a blank line parses into rows without one)
+    assert haproxy_servers("\n" + STAT, "inferfleet_engines") == haproxy_servers(
+        STAT, "inferfleet_engines")
+    assert haproxy_servers("Unknown command.\n", "inferfleet_engines") == []
     # Servers only (type mask 4) hold no BACKEND row.
     servers_only = "\n".join(line for line in STAT.splitlines() if ",BACKEND," not in line)
     assert haproxy_backends(servers_only, "inferfleet_engines") == []
