@@ -5,15 +5,18 @@ Needs `inferfleet lab up --nodes N --engine sim`: every engine is the SIMULATED 
 is a bound this machine's client can reach (two vLLM CPU engines cannot show it: they
 share two cores). For k = N, N/2, ... 1 replicas in service (the others set to
 maintenance through HAProxy's runtime API, none brought back in between, so no slow start
-is measured), the same load per replica (--per-replica requests at once, --requests-per-
-replica in all, each --max-tokens long) goes through HAProxy. Prints req/s, p50 and p99
-per k and the ratio of each throughput to k = 1's, measured in the same run (ideal: k).
-Beside each k, the CPU each part used during it: this client (its threads), the load
-balancer's container, the engines' containers (their cgroups' counters), and how busy the
-machine's cores were: a phase whose client, HAProxy or machine was near its limit measures
-the CPU, not the fleet. A run in which any request failed says so and exits 1 without
-ratios.
+is measured), the same load per replica goes through HAProxy: guidellm (the field's
+benchmark client, benchmarks/load_client.py) with --per-replica requests in flight per
+replica until --requests-per-replica per replica are done, each a --prompt-tokens
+synthetic prompt answered with --max-tokens. Prints req/s, latency p50 and p99, TTFT p50
+and output tokens/s per k and the ratio of each throughput to k = 1's, measured in the
+same run (ideal: k). Beside each k, the CPU each part used during it: the client
+(guidellm and its worker processes), the load balancer's container, the engines'
+containers (their cgroups' counters), and how busy the machine's cores were: a phase whose
+client, HAProxy or machine was near its limit measures the CPU, not the fleet. A run in
+which any request failed says so and exits 1 without ratios.
 
+    make .venv-bench/bin/guidellm
     .venv/bin/python benchmarks/fleet_scale.py [--per-replica 8] [--max-tokens 128]
 
 With --deploy it times, instead, a no-change `inferfleet deploy` of the lab with Ansible's
@@ -33,15 +36,16 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 from lb_overhead import set_state
+from load_client import guidellm, require
 
 from inferfleet.commands.common import LAB_INVENTORY
 from inferfleet.fleet import load
-from inferfleet.verify import LoadReport, run_load
 
 LB_CONTAINER = "inferfleet-lab-lb"
 
@@ -83,14 +87,15 @@ def machine_busy() -> tuple[float, float]:
 
 
 class CpuMeter:
-    """CPU used while the `with` block runs: this process, each group of containers (CPU
-    seconds per second of wall time, 1.0 = one core), and the machine's cores (busy share)."""
+    """CPU used while the `with` block runs: this process and the children it waited for
+    (the client), each group of containers (CPU seconds per second of wall time, 1.0 = one
+    core), and the machine's cores (busy share)."""
 
     def __init__(self, groups: dict[str, list[str]]):
         self.counters = {g: [container_cpu_file(c) for c in names] for g, names in groups.items()}
 
     def _read(self):
-        return (time.monotonic(), time.process_time(), machine_busy(),
+        return (time.monotonic(), time.process_time() + children_cpu(), machine_busy(),
                 {g: sum(cpu_seconds(c) for c in cs) for g, cs in self.counters.items()})
 
     def __enter__(self):
@@ -170,6 +175,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--per-replica", type=int, default=8, help="requests at once per replica")
     p.add_argument("--requests-per-replica", type=int, default=32)
+    p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--deploy", action="store_true",
                    help="time no-change deploys (Ansible's strategy, Mitogen's) instead")
@@ -187,57 +193,56 @@ def main() -> int:
     if not engine.endswith("+sim"):
         sys.exit(f"the lab's engines are vLLM {engine}, not simulated: this benchmark needs "
                  "`inferfleet lab down && inferfleet lab up --nodes 16 --engine sim`")
-    results: list[tuple[int, LoadReport]] = []
+    require()
+    results: list[tuple[int, dict]] = []
     cpu: dict[int, CpuMeter] = {}
     groups = {"haproxy": [LB_CONTAINER], "engines": [n.host for n in nodes]}
-    try:
-        in_service = len(nodes)
-        for k in steps(len(nodes)):
-            for node in nodes[k:in_service]:
-                set_state(LB_CONTAINER, node.host, "maint")
-            in_service = k
-            with CpuMeter(groups) as cpu[k]:
-                report = run_load(
-                    fleet.balancers[0],
-                    fleet.model,
-                    fleet.api_key,
-                    args.per_replica * k,
-                    args.requests_per_replica * k,
-                    max_tokens=args.max_tokens,
-                )
-            results.append((k, report))
-            print(f"k={k}: {report.sent} sent, {report.failed} failed, "
-                  f"{report.throughput:.1f} req/s", flush=True)
-    finally:
-        for node in nodes:
-            set_state(LB_CONTAINER, node.host, "ready")
+    data = {"prompt_tokens": args.prompt_tokens, "output_tokens": args.max_tokens}
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            in_service = len(nodes)
+            for k in steps(len(nodes)):
+                for node in nodes[k:in_service]:
+                    set_state(LB_CONTAINER, node.host, "maint")
+                in_service = k
+                with CpuMeter(groups) as cpu[k]:
+                    report = guidellm(fleet.balancers[0], fleet.api_key, fleet.model,
+                                      streams=args.per_replica * k,
+                                      requests=args.requests_per_replica * k, data=data,
+                                      seed=k, work=Path(tmp))
+                results.append((k, report))
+                print(f"k={k}: {report['ok']} ok, {report['failed']} failed, "
+                      f"{report['req_s']:.1f} req/s", flush=True)
+        finally:
+            for node in nodes:
+                set_state(LB_CONTAINER, node.host, "ready")
 
     print(f"\ncores on this machine: {os.cpu_count()}; {len(nodes)} simulated engines, HAProxy"
-          " and this client share them")
+          " and the client (guidellm) share them")
     print("CPU in cores (1.0 = one core busy) while each k ran, and the machine's busy share")
-    print(f"{'replicas':>8} {'sent':>6} {'failed':>6} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}"
-          f" {'client':>7} {'haproxy':>7} {'engines':>7} {'machine':>7}")
+    print(f"{'replicas':>8} {'ok':>6} {'failed':>6} {'p50 ms':>8} {'p99 ms':>8} {'TTFT ms':>8}"
+          f" {'req/s':>8} {'tok/s':>8} {'client':>7} {'haproxy':>7} {'engines':>7} {'machine':>7}")
     for k, r in results:
         c = cpu[k].cores
-        print(f"{k:8d} {r.sent:6d} {r.failed:6d} {r.p50 * 1000:8.1f} {r.p99 * 1000:8.1f}"
-              f" {r.throughput:8.1f} {c['client']:7.2f} {c['haproxy']:7.2f} {c['engines']:7.2f}"
-              f" {cpu[k].machine:7.0%}")
+        print(f"{k:8d} {r['ok']:6d} {r['failed']:6d} {r['p50'] * 1000:8.1f} {r['p99'] * 1000:8.1f}"
+              f" {r['ttft_p50'] * 1000:8.1f} {r['req_s']:8.1f} {r['tokens_s']:8.1f}"
+              f" {c['client']:7.2f} {c['haproxy']:7.2f} {c['engines']:7.2f} {cpu[k].machine:7.0%}")
     busy = [k for k, _ in results if cpu[k].machine >= 0.9 or cpu[k].cores["client"] >= 0.9]
     if busy:
-        print(f"CPU-bound at k = {', '.join(map(str, busy))}: the machine's cores (or this "
-              "client's one interpreter) were near their limit, so those throughputs measure "
-              "the CPU, not the fleet; lower --per-replica or raise --max-tokens")
-    failed = [(k, r) for k, r in results if r.failed]
+        print(f"CPU-bound at k = {', '.join(map(str, busy))}: the machine's cores (or the "
+              "client's main process) were near their limit, so those throughputs measure the "
+              "CPU, not the fleet; lower --per-replica or raise --max-tokens")
+    failed = [(k, r) for k, r in results if r["failed"]]
     if failed:
         for k, r in failed:
-            print(f"FAILED with {k} replicas: {r.failed} of {r.sent} requests: {r.errors[:3]}")
+            print(f"FAILED with {k} replicas: {r['failed']} of {r['ok'] + r['failed']} requests")
         print("no ratio: a run with failed requests measures nothing")
         return 1
-    base = dict(results)[1].throughput
+    base = dict(results)[1]["req_s"]
     print("throughput against 1 replica (same run):")
     for k, r in sorted(results):
-        print(f"  {k:3d} replicas: {r.throughput / base:6.2f} x  (ideal {k}, efficiency "
-              f"{r.throughput / base / k:.0%})")
+        print(f"  {k:3d} replicas: {r['req_s'] / base:6.2f} x  (ideal {k}, efficiency "
+              f"{r['req_s'] / base / k:.0%})")
     return 0
 
 

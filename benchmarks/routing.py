@@ -34,24 +34,18 @@ exits 1 without ratios.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from load_client import guidellm, require
 from rich.console import Console
 
 from inferfleet.commands.common import LAB_INVENTORY
-from inferfleet.commands.lab import CACHE
 from inferfleet.fleet import load
 from inferfleet.runner import run_playbook
 from inferfleet.verify import get, metric_sums
-
-REPO = Path(__file__).resolve().parents[1]
-GUIDELLM = REPO / ".venv-bench" / "bin" / "guidellm"
 
 
 def counters(fleet) -> dict[str, dict[str, float]]:
@@ -68,59 +62,6 @@ def counters(fleet) -> dict[str, dict[str, float]]:
             "requests": sums.get("vllm:request_success_total", 0.0),
         }
     return out
-
-
-def guidellm(target: str, key: str, model: str, args, seed: int, work: Path) -> dict:
-    """One guidellm run; its figures. The scenario file holds the key: 0600, removed after."""
-    scenario = work / f"scenario-{seed}.json"
-    report = work / f"report-{seed}.json"
-    spec = {
-        "backend": {"kind": "openai_http", "target": target, "model": model, "api_key": key,
-                    "request_format": "/v1/completions", "validate_backend": False},
-        "profile": {"kind": "concurrent", "streams": [args.concurrency]},
-        "data": [{"kind": "synthetic_text", "prompt_tokens": args.suffix_tokens,
-                  "output_tokens": args.output_tokens, "prefix_tokens": args.prefix_tokens,
-                  "prefix_count": args.prefixes}],
-        "constraints": [{"kind": "max_requests", "count": args.requests}],
-        "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer(model))},
-        "seed": {"kind": "static", "value": seed},
-        "outputs": [{"kind": "json", "path": str(report)}],
-    }
-    fd = os.open(scenario, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"spec": spec}, f)
-    try:
-        run = subprocess.run(
-            [str(GUIDELLM), "run", "--scenario", str(scenario), "--disable-console-interactive"],
-            capture_output=True, text=True, timeout=3600)
-    finally:
-        scenario.unlink()
-    if run.returncode != 0 or not report.exists():
-        sys.exit(f"guidellm failed ({run.returncode}):\n{(run.stdout + run.stderr)[-3000:]}")
-    return figures(json.loads(report.read_text()))
-
-
-def figures(report: dict) -> dict:
-    """Requests, failures, TTFT p50/p90 (s) and output tokens/s from guidellm's report."""
-    bench = report["benchmarks"][0]
-    metrics = bench["metrics"]
-    totals = metrics["request_totals"]
-    ttft = metrics["time_to_first_token_ms"]["successful"]["percentiles"]
-    return {
-        "ok": totals["successful"],
-        "failed": totals["errored"] + totals["incomplete"],
-        "ttft_p50": ttft["p50"] / 1000,
-        "ttft_p90": ttft["p90"] / 1000,
-        "tokens_s": metrics["output_tokens_per_second"]["successful"]["mean"],
-    }
-
-
-def tokenizer(model: str) -> Path:
-    """The lab's copy of the model's files (tokenizer.json): guidellm counts tokens with it."""
-    found = sorted((CACHE / model).glob("*/tokenizer.json"))
-    if not found:
-        sys.exit(f"no tokenizer for {model} under {CACHE}: run `inferfleet lab up` first")
-    return found[0].parent
 
 
 def set_routing(lb: str, mode: str | None) -> None:
@@ -157,8 +98,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=int(time.time()) % 100000,
                    help="the first phase's data seed (each phase its own: prefixes never seen)")
     args = p.parse_args()
-    if not GUIDELLM.exists():
-        sys.exit(f"{GUIDELLM} is missing: `make bench-routing` installs it")
+    require()
     fleet = load(LAB_INVENTORY)
     if len(fleet.serving) < 2 or not fleet.balancers:
         sys.exit("the lab needs two engines and a load balancer: `inferfleet lab up`")
@@ -185,7 +125,11 @@ def main() -> int:
                 target = fleet.serving[0].base if mode is None else fleet.balancers[0]
                 key = fleet.engine_key if mode is None else fleet.api_key
                 before = counters(fleet)
-                row = guidellm(target, key, fleet.model, args, seed, work)
+                row = guidellm(
+                    target, key, fleet.model, streams=args.concurrency, requests=args.requests,
+                    data={"prompt_tokens": args.suffix_tokens, "output_tokens": args.output_tokens,
+                          "prefix_tokens": args.prefix_tokens, "prefix_count": args.prefixes},
+                    seed=seed, work=work)
                 after = counters(fleet)
                 delta = {h: {k: after[h][k] - before[h][k] for k in after[h]} for h in after}
                 queries = sum(d["queries"] for d in delta.values())
