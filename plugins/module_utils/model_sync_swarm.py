@@ -232,11 +232,11 @@ class SwarmSource:
                 if self._from_peer(peer, index, view):
                     on_data(start, view)
                     return
-            if self._mine(index):
+            if self._mine(index) and self._claim(index):
                 self._from_store(entry, index, start, end, view)
                 on_data(start, view)
                 return
-            time.sleep(self.poll / 2)
+            time.sleep(self.poll * random.uniform(0.25, 0.75))
         raise SyncError("stopped")
 
     def written(self, entry: dict, start: int, end: int) -> None:
@@ -286,14 +286,34 @@ class SwarmSource:
         with self._lock:
             for peer in self.peers:
                 state = self.view.get(peer.name)
-                if (peer.name not in self.dropped and state
-                        and state.get("digest") == self.digest
-                        and hex_has(state.get("busy", ""), index)
+                if (peer.name not in self.dropped and _fetches(state, self.digest, index)
                         and not self._stalled(peer.name)):
                     return False
             members = self._members()
             owner = members[index % len(members)]
             return owner == self.me or self._stalled(owner)
+
+    def _claim(self, index: int) -> bool:
+        """Say this node fetches the piece from the store, then look at the peers again:
+        a peer that holds it, or says it fetches it too, keeps it. Of two nodes that claim
+        a piece at once, the later sees the earlier (both back off when each sees the
+        other; the owner rule settles it on the next try), so no two read it from the store
+        (nodes that start apart see different members, and so different owners, at first)."""
+        with self._lock:
+            self.busy.add(index)
+            up = [p for p in self.peers if p.name not in self.dropped and p.name in self.view]
+        self._announce()
+        self._look(up)  # the peers that answered the last look: a dead one costs nothing
+        with self._lock:
+            taken = any(_holds(self.view.get(p.name), self.digest, index)
+                        or (_fetches(self.view.get(p.name), self.digest, index)
+                            and not self._stalled(p.name))
+                        for p in up if p.name not in self.dropped)
+            if taken:
+                self.busy.discard(index)
+        if taken:
+            self._announce()
+        return not taken
 
     def _stalled(self, name: str) -> bool:
         held, since = self.progress.get(name, (0, time.monotonic()))
@@ -317,9 +337,6 @@ class SwarmSource:
 
     def _from_store(self, entry: dict, index: int, start: int, end: int,
                     view: memoryview) -> None:
-        with self._lock:
-            self.busy.add(index)
-        self._announce()
         self.store.fetch(entry, start, end, view, lambda _offset, _data: None)
         if hashlib.sha256(view).hexdigest() != self.table[index][3]:
             raise SyncError(f"checksum mismatch for {self.store.where(entry['path'])} bytes "
@@ -342,9 +359,10 @@ class SwarmSource:
             busy = pieces_hex(self.busy, len(self.table))
             self.publish(have, busy)
 
-    def _look(self) -> None:
-        """Read every peer's state (in parallel: a dead peer costs its timeout once)."""
-        live = [p for p in self.peers if p.name not in self.dropped]
+    def _look(self, peers=None) -> None:
+        """Read every peer's state, or those of ``peers`` (in parallel: a dead peer costs
+        its timeout once)."""
+        live = [p for p in (self.peers if peers is None else peers) if p.name not in self.dropped]
         if not live:
             return
 
@@ -376,6 +394,11 @@ def _holds(state, digest: str, index: int) -> bool:
     if not state or state.get("digest") != digest:
         return False
     return state["have"] == "all" or hex_has(state["have"], index)
+
+
+def _fetches(state, digest: str, index: int) -> bool:
+    """Whether a peer's state says it fetches the piece from the store now."""
+    return bool(state) and state.get("digest") == digest and hex_has(state.get("busy", ""), index)
 
 
 def _count(state) -> int:
