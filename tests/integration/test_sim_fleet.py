@@ -1,13 +1,16 @@
 """A small fleet of SIMULATED GPU engines through the operator's life cycle, in minutes.
 
-`inferfleet lab up --nodes 6 --engine sim --nginx --routing cache_aware` runs site.yml over
-six nodes whose engine is the inference_engine role's sim runtime (docs/engine.md: a
-stand-in for a GPU-backed vLLM, installed and run like it), behind HAProxy and its
-vllm-router (cache_aware routing) and Nginx (leastconn). Every command runs through
+`inferfleet lab up --nodes 6 --engine sim --nginx --routing cache_aware --monitoring` runs
+site.yml over six nodes whose engine is the inference_engine role's sim runtime
+(docs/engine.md: a stand-in for a GPU-backed vLLM, installed and run like it), behind
+HAProxy and its vllm-router (cache_aware routing) and Nginx (leastconn), with Prometheus
+on a monitoring host of its own. Every command runs through
 Mitogen's strategy (INFERFLEET_MITOGEN=1), which the other scenarios leave off:
 - a second deploy changes nothing;
 - `verify`: every node healthy, one greedy answer from every node and both load
   balancers, the load spread over all six;
+- Prometheus scrapes every engine, load balancer and router, and `status` shows its
+  figures for each of the six instances;
 - cache_aware routing: the requests of each of three tenants (one long shared prefix,
   then each request's own question) land on one engine, seen in the engines' counters;
   the edge still asks for a key and keeps the router's admin API out of reach;
@@ -78,6 +81,42 @@ def _serving(bin_dir: Path, env: dict) -> dict[str, str]:
     nodes = json.loads(_cli(bin_dir, env, "status", "--json"))["nodes"]
     assert all(n["healthy"] and n["unit"] == "active" for n in nodes), nodes
     return {n["host"]: n["model_version"] for n in nodes}
+
+
+def _prometheus_sees_the_fleet(bin_dir: Path, env: dict, inventory: Path,
+                               balancers: list[str]) -> None:
+    """The monitoring host's Prometheus has every engine, both load balancers, the router
+    and one node exporter, its own (the simulated nodes share one machine), as targets,
+    all up; `status --json` carries its request rate and KV-cache use for all six."""
+    address = yaml.safe_load(
+        (inventory / "host_vars" / f"{fleet.MONITORING_HOST}.yml").read_text())
+    targets = f"http://{address['inferfleet_address']}:9090/api/v1/targets"
+    deadline = time.monotonic() + 120
+    while True:
+        code, body = v.get(targets)
+        assert code == 200, (targets, code, body[:300])
+        active = json.loads(body)["data"]["activeTargets"]
+        up = sorted((t["labels"]["job"], t["labels"]["instance"]) for t in active
+                    if t["health"] == "up")
+        if len(up) == len(active) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    jobs = {job: sorted(i for j, i in up if j == job) for job, _ in up}
+    assert len(up) == len(active), [t for t in active if t["health"] != "up"]
+    assert jobs.get("engine") == sorted(NODES), jobs
+    assert jobs.get("loadbalancer") == sorted(balancers), jobs
+    assert jobs.get("router") == ["inferfleet-lab-lb"], jobs
+    assert jobs.get("node") == [fleet.MONITORING_HOST], jobs
+    while True:  # a 5-minute rate needs two scrapes after the first requests
+        shown = json.loads(_cli(bin_dir, env, "status", "--json"))
+        rates = {n["host"]: n.get("requests_per_s") for n in shown["nodes"]}
+        if all(r for r in rates.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(5)
+    assert shown["prometheus"]["host"] == fleet.MONITORING_HOST, shown["prometheus"]
+    assert shown["prometheus"]["errors"] == {}, shown["prometheus"]
+    assert sorted(rates) == sorted(NODES) and all(r and r > 0 for r in rates.values()), rates
+    assert all(isinstance(n.get("kv_cache_use"), float) for n in shown["nodes"]), shown["nodes"]
 
 
 def _doctor(bin_dir: Path, env: dict) -> tuple[int, list[dict]]:
@@ -226,14 +265,15 @@ def test_a_simulated_fleet_deploys_verifies_rolls_and_scales(
     inventory = paths.LAB_INVENTORY
     try:
         _cli(venv_bin, env, "lab", "up", "--nodes", "6", "--engine", "sim", "--nginx",
-             "--routing", "cache_aware", timeout=1200)
+             "--routing", "cache_aware", "--monitoring", timeout=1200)
         balancers = fleet.inventory_hosts(inventory)["loadbalancers"]
         assert balancers == ["inferfleet-lab-lb", fleet.NGINX_HOST], balancers
 
         out = _cli(venv_bin, env, "deploy")
         again = _record(out)
         assert (again["rc"], again["mitogen"]) == (0, True), again
-        assert sorted(again["stats"]["ok"]) == sorted([*NODES, *balancers]), again["stats"]
+        hosts = [*NODES, *balancers, fleet.MONITORING_HOST]
+        assert sorted(again["stats"]["ok"]) == sorted(hosts), again["stats"]
         assert sum(again["stats"]["changed"].values()) == 0, _changed(out)
 
         report = json.loads(_cli(venv_bin, env, "verify", "--json", "--count", "60"))
@@ -244,6 +284,7 @@ def test_a_simulated_fleet_deploys_verifies_rolls_and_scales(
         assert same["detail"].startswith(f"{len(NODES) + len(balancers)} answers"), same
         assert report["load"]["sent"] == 60 and report["load"]["failed"] == 0, report["load"]
         _cache_aware_keeps_tenants_together(inventory)
+        _prometheus_sees_the_fleet(venv_bin, env, inventory, balancers)
         _a_killed_engine_hands_its_tenant_over_and_takes_it_back(inventory)
         _doctor_finds_the_queue(venv_bin, env, inventory)
 

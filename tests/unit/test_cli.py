@@ -665,6 +665,65 @@ def test_lab_up_without_nginx_on_a_lab_that_has_it_is_refused(tmp_path, monkeypa
     assert (inventory / fleet.NGINX_FILE).is_file()
 
 
+def test_lab_up_without_monitoring_on_a_lab_that_has_it_is_refused(tmp_path, monkeypatch):
+    """Nor its monitoring host: `lab up --nodes 4 --engine sim` on a lab made with
+    --monitoring says how it runs and keeps monitoring.yml."""
+    from inferfleet.commands import lab as lab_cmd
+    from inferfleet.lab import fleet
+
+    inventory = tmp_path / "lab"
+    inventory.mkdir()
+    root = Path(__file__).resolve().parents[2]
+    (inventory / "hosts.yml").write_text((root / "inventories/lab/hosts.yml").read_text())
+    fleet.write_nodes(inventory, 4, "sim")
+    fleet.write_monitoring(inventory, True, "sim")
+    monkeypatch.setattr(lab_cmd, "LAB_INVENTORY", inventory)
+    monkeypatch.setattr(lab_cmd, "require_lab", lambda: None)
+    monkeypatch.setattr(lab_cmd.services, "containers", lambda name: ["inferfleet-lab-lb"])
+    result = cli.invoke(app, ["lab", "up", "--nodes", "4", "--engine", "sim"])
+    words = " ".join(result.output.split())
+    assert result.exit_code == 1, result.output
+    assert "the lab runs as `lab up --nodes 4 --engine sim --monitoring`" in words, words
+    assert fleet.has_monitoring(inventory)
+
+
+@pytest.mark.parametrize("engine", ["sim", "vllm"])
+def test_a_lab_inventory_with_a_monitoring_host_as_ansible_reads_it(tmp_path, engine):
+    """`lab up --monitoring`: a host of its own in `monitoring`, every load balancer's
+    admin bind (its metrics) on its lab name, where Prometheus reaches it; on a simulated
+    lab only the monitoring host runs a node exporter (the nodes share one machine), on the
+    vLLM lab every host does; off again, or after `lab down`, the file is gone."""
+    from inferfleet.lab import fleet
+
+    root = Path(__file__).resolve().parents[2]
+    lab = tmp_path / "lab"
+    for tracked in ("hosts.yml", "group_vars/all/lab.yml"):
+        (lab / tracked).parent.mkdir(parents=True, exist_ok=True)
+        (lab / tracked).write_text((root / "inventories" / "lab" / tracked).read_text())
+    nodes = 3 if engine == "sim" else 2
+    fleet.write_nginx(lab, True)
+    fleet.write_nodes(lab, nodes, engine)
+    fleet.write_monitoring(lab, True, engine)
+    assert fleet.inventory_hosts(lab)["monitoring"] == [fleet.MONITORING_HOST]
+    listed = json.loads(subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(lab), "--list"],
+        capture_output=True, text=True, check=True).stdout)
+    assert listed["monitoring"]["hosts"] == [fleet.MONITORING_HOST]
+    hostvars = listed["_meta"]["hostvars"]
+    balancers = ["inferfleet-lab-lb", fleet.NGINX_HOST]
+    for lb in balancers:
+        assert hostvars[lb]["load_balancer_admin_address"] == lb
+    for host in [*(fleet.node_name(i) for i in range(1, nodes + 1)), *balancers]:
+        exporter = hostvars[host].get("monitoring_node_exporter_enabled")
+        assert exporter is (False if engine == "sim" else None), (host, exporter)
+    assert "monitoring_node_exporter_enabled" not in hostvars[fleet.MONITORING_HOST]
+    fleet.write_monitoring(lab, False, engine)
+    assert not fleet.has_monitoring(lab) and "monitoring" not in fleet.inventory_hosts(lab)
+    fleet.write_monitoring(lab, True, engine)
+    fleet.remove_state(lab)
+    assert not fleet.has_monitoring(lab)
+
+
 def test_cache_aware_on_a_lab_made_without_the_router_wheels_is_refused(tmp_path, monkeypatch):
     """`lab up --routing cache_aware` on a running lab whose load balancer was made
     without vllm-router's wheels mounted says to take the lab down first, and changes

@@ -1,6 +1,6 @@
 """`inferfleet lab`: the local lab. Containers as hosts, SeaweedFS as S3, a tiny model,
 and a real deployment of it with site.yml: two vLLM replicas behind HAProxy (and Nginx
-beside it, with --nginx)."""
+beside it, with --nginx; Prometheus on a host of its own, with --monitoring)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import yaml
 
 from inferfleet import paths
 from inferfleet.commands.common import LAB_INVENTORY, console, fail, print_summary
+from inferfleet.fleet import role_defaults
 from inferfleet.lab import fleet, services
 from inferfleet.lab.build import BuildError
 from inferfleet.lab.image import ensure_node_image
@@ -100,6 +101,13 @@ def up(
         help="A second load balancer, Nginx, beside HAProxy: the same engines and keys, "
         "a second endpoint.",
     ),
+    monitoring: bool = typer.Option(
+        False,
+        "--monitoring",
+        help="A monitoring host: Prometheus with the fleet's alert rules, scraping every "
+        "engine, load balancer and router (docs/monitoring.md); `inferfleet status` shows "
+        "its figures.",
+    ),
     routing: str = typer.Option(
         "leastconn",
         "--routing",
@@ -131,11 +139,14 @@ def up(
     was_nodes, was_engine = fleet.read_nodes(LAB_INVENTORY)
     was_models = 2 if (LAB_INVENTORY / "models.yml").is_file() else 1
     was_nginx = (LAB_INVENTORY / fleet.NGINX_FILE).is_file()
+    was_monitoring = fleet.has_monitoring(LAB_INVENTORY)
     if services.containers(LAB_NAME) and (
         was_engine != engine or was_nodes > nodes or was_models > models or was_nginx > nginx
+        or was_monitoring > monitoring
     ):
         was = "--models 2" if was_models == 2 else f"--nodes {was_nodes} --engine {was_engine}"
         was += " --nginx" if was_nginx else ""
+        was += " --monitoring" if was_monitoring else ""
         fail(f"the lab runs as `lab up {was}`: run `inferfleet lab down` first, or `lab up {was}`")
     if routing == "cache_aware" and services.containers(LAB_NAME):
         # a load balancer made by a `lab up` without it lacks the router's wheels
@@ -167,6 +178,7 @@ def up(
     fleet.write_nginx(LAB_INVENTORY, nginx)
     fleet.write_routing(LAB_INVENTORY, routing)
     fleet.write_nodes(LAB_INVENTORY, nodes, engine)
+    fleet.write_monitoring(LAB_INVENTORY, monitoring, engine)
     groups = fleet.inventory_hosts(LAB_INVENTORY)
     hosts = [h for members in groups.values() for h in members]
     shortfall = fleet.inotify_shortfall(len(hosts))
@@ -203,6 +215,13 @@ def up(
                 soft_wrap=True,
                 highlight=False,
             )
+    if monitoring:
+        port = settings.get("monitoring_prometheus_port",
+                            role_defaults("fleet_defaults")["monitoring_prometheus_port"])
+        prometheus = fleet.address(fleet.MONITORING_HOST, lab.network)
+        console.print(f"Prometheus: http://{prometheus}:{port}"
+                      "  (`inferfleet status` shows its figures per instance)",
+                      soft_wrap=True, highlight=False)
 
 
 @app.command()

@@ -8,7 +8,8 @@ host_vars/ with each host's address, group_vars/all/secrets.yml (mode 0600) with
 inventory source of their own, models.yml; `write_nginx` a second load balancer, Nginx,
 beside HAProxy (`lab up --nginx`), nginx.yml; `write_nodes` the engine nodes past the first
 two and the engine they run (`lab up --nodes N --engine sim`), nodes.yml; `write_routing`
-the HAProxy load balancers' routing (`lab up --routing prefix`), routing.yml.
+the HAProxy load balancers' routing (`lab up --routing prefix`), routing.yml;
+`write_monitoring` a monitoring host (`lab up --monitoring`), monitoring.yml.
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ NODES_FILE = "nodes.yml"
 # keys; two endpoints without a shared address (a floating one is molecule/lb's).
 NGINX_HOST = "inferfleet-lab-nginx"
 NGINX_FILE = "nginx.yml"
+# `lab up --monitoring`: the monitoring role's Prometheus and alert rules on a host of their
+# own, scraping every engine, load balancer and router. On a simulated lab the monitoring
+# host alone runs a node exporter: the nodes are containers on one machine, and each
+# exporter would report that same machine.
+MONITORING_HOST = "inferfleet-lab-monitor"
+MONITORING_FILE = "monitoring.yml"
 
 
 def node_name(index: int) -> str:
@@ -66,7 +73,7 @@ def node_name(index: int) -> str:
 
 def inventory_hosts(inventory: Path) -> dict[str, list[str]]:
     groups: dict[str, list[str]] = {}
-    for source in ("hosts.yml", "models.yml", NGINX_FILE, NODES_FILE):
+    for source in ("hosts.yml", "models.yml", NGINX_FILE, NODES_FILE, MONITORING_FILE):
         if (inventory / source).is_file():
             children = yaml.safe_load((inventory / source).read_text())["all"]["children"]
             for group, spec in children.items():
@@ -106,6 +113,34 @@ def write_nginx(inventory: Path, on: bool) -> None:
         "---\n# written by `inferfleet lab up --nginx`: a second load balancer, Nginx\n"
         + yaml.safe_dump({"all": {"children": {"loadbalancers": {"hosts": hosts}}}})
     )
+
+
+def write_monitoring(inventory: Path, on: bool, engine: str) -> None:
+    """On, monitoring.yml lists MONITORING_HOST in `monitoring` and binds each load
+    balancer's admin address (its metrics) to its name on the lab network, where
+    Prometheus reaches it; for `sim`, only the monitoring host runs a node exporter. Off,
+    there is no such file. Call it after write_nginx (it names every load balancer)."""
+    path = inventory / MONITORING_FILE
+    if not on:
+        path.unlink(missing_ok=True)
+        return
+    children: dict = {
+        "monitoring": {"hosts": {MONITORING_HOST: None}},
+        "loadbalancers": {"hosts": {lb: {"load_balancer_admin_address": lb}
+                                    for lb in balancers(inventory)}},
+    }
+    if engine == "sim":
+        off = {"monitoring_node_exporter_enabled": False}
+        children["inference"] = {"vars": dict(off)}
+        children["loadbalancers"]["vars"] = dict(off)
+    path.write_text(
+        "---\n# written by `inferfleet lab up --monitoring`: Prometheus and the fleet's alerts\n"
+        + yaml.safe_dump({"all": {"children": children}})
+    )
+
+
+def has_monitoring(inventory: Path) -> bool:
+    return (inventory / MONITORING_FILE).is_file()
 
 
 # The load balancer role's own list (its argument spec).
@@ -336,6 +371,7 @@ def remove_state(inventory: Path) -> None:
     (inventory / NGINX_FILE).unlink(missing_ok=True)
     (inventory / NODES_FILE).unlink(missing_ok=True)
     (inventory / ROUTING_FILE).unlink(missing_ok=True)
+    (inventory / MONITORING_FILE).unlink(missing_ok=True)
     (inventory / "group_vars" / "all" / "secrets.yml").unlink(missing_ok=True)
     ca_file(inventory).unlink(missing_ok=True)
 
