@@ -281,14 +281,12 @@ class SwarmSource:
         return sorted(names)
 
     def _mine(self, index: int) -> bool:
-        """Whether this node should take the piece from the store now: nobody is fetching
-        it, and this node is its owner, or its owner has made no progress for a while."""
+        """Whether this node should take the piece from the store now: no peer holds it or
+        is fetching it, and this node is its owner, or its owner has made no progress for a
+        while."""
         with self._lock:
-            for peer in self.peers:
-                state = self.view.get(peer.name)
-                if (peer.name not in self.dropped and _fetches(state, self.digest, index)
-                        and not self._stalled(peer.name)):
-                    return False
+            if self._taken(index, self.peers):
+                return False
             members = self._members()
             owner = members[index % len(members)]
             return owner == self.me or self._stalled(owner)
@@ -305,15 +303,21 @@ class SwarmSource:
         self._announce()
         self._look(up)  # the peers that answered the last look: a dead one costs nothing
         with self._lock:
-            taken = any(_holds(self.view.get(p.name), self.digest, index)
-                        or (_fetches(self.view.get(p.name), self.digest, index)
-                            and not self._stalled(p.name))
-                        for p in up if p.name not in self.dropped)
+            taken = self._taken(index, up)
             if taken:
                 self.busy.discard(index)
         if taken:
             self._announce()
         return not taken
+
+    def _taken(self, index: int, peers: list) -> bool:
+        """(Under the lock.) Whether one of ``peers`` holds the piece, or fetches it from
+        the store and has not stalled."""
+        return any(p.name not in self.dropped
+                   and (_holds(self.view.get(p.name), self.digest, index)
+                        or (_fetches(self.view.get(p.name), self.digest, index)
+                            and not self._stalled(p.name)))
+                   for p in peers)
 
     def _stalled(self, name: str) -> bool:
         held, since = self.progress.get(name, (0, time.monotonic()))
