@@ -112,9 +112,10 @@ def _record_error(name: str) -> dict:
 
 
 def _render(variables: list[str]) -> dict:
-    """Every file configure.yml writes, from its own tasks, and the variables asked for:
+    """Every file configure.yml writes (with configure-group.yml), from its own tasks, and the variables asked for:
     all in one task, and when that fails, one by one to record which fails and why."""
-    tasks = {t["name"]: t for t in yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text())}
+    tasks = {t["name"]: t for file in ("configure.yml", "configure-group.yml")
+             for t in yaml.safe_load((ROLE / "tasks" / file).read_text())}
     values, secret = {}, set()
     for name, task_name in TASKS.items():
         task = tasks[task_name]
