@@ -112,8 +112,9 @@ def _record_error(name: str) -> dict:
 
 
 def _render(variables: list[str]) -> dict:
-    """Every file configure.yml writes (with configure-group.yml), from its own tasks, and the variables asked for:
-    all in one task, and when that fails, one by one to record which fails and why."""
+    """Every file configure.yml (and configure-group.yml) writes, from their own tasks, and
+    the variables asked for: all in one task, and when that fails, one by one to record
+    which fails and why."""
     tasks = {t["name"]: t for file in ("configure.yml", "configure-group.yml")
              for t in yaml.safe_load((ROLE / "tasks" / file).read_text())}
     values, secret = {}, set()

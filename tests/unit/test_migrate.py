@@ -261,6 +261,7 @@ def test_the_new_instances_widen_share_by_share_and_stop_at_the_first_that_fails
     inv = replicas(tmp_path)
     step = m.Step(["node1", "node2"], ["pp"], ["node1", "node2"], ["tiny", "tiny"])
     weights, windows = [], []
+    asked = []  # the golden answers, in the order of the weights set
     monkeypatch.setattr(cmd, "_weights", lambda path, w: weights.append(w) or True)
     good = c.Side(requests=10, errors=0, p50=0.1, p95=0.2)
 
@@ -270,13 +271,16 @@ def test_the_new_instances_widen_share_by_share_and_stop_at_the_first_that_fails
         return (slow if len(windows) == fail_at else good), good
 
     monkeypatch.setattr(cmd, "watch", watch)
-    monkeypatch.setattr(cmd, "_answers", lambda fleet, hosts, model, golden: ["a"])
+    monkeypatch.setattr(
+        cmd, "_answers", lambda fleet, hosts, model, golden: asked.append(len(weights)) or ["a"]
+    )
     golden = [c.Golden("q")]
     kv = {"node1": {"logged": 100, "planned": 100, "tolerance_pct": 3}}
 
     def run():
         weights.clear()
         windows.clear()
+        asked.clear()
         return cmd._compare(
             inv, step, {"tiny": ["a"]}, golden, c.Thresholds(), [0.1, 0.5], 1, 0, 0, kv
         )
@@ -290,6 +294,9 @@ def test_the_new_instances_widen_share_by_share_and_stop_at_the_first_that_fails
     assert weights == [{"node1": 5, "node2": 5}, {"node1": 50, "node2": 50},
                        {"node1": "100%", "node2": "100%"}]
     assert windows == [["node1", "node2"]] * 2
+    # the golden prompts once, before the new instances take any share (a warm engine
+    # in the latency windows)
+    assert asked == [0]
 
     fail_at = 1
     out = run()

@@ -152,9 +152,14 @@ def _compare(
         mine = [n for n in new if n.model == model]
         names = ", ".join(n.instance for n in mine)
         others = len(fleet.serving_of(model)) - len(mine)
+        answers: list[str] | None = None
         for share in shares:
             weight = max(1, c.weight_for_share(share, others, fleet.weight) // len(mine))
             try:
+                # asked before the new instances take a share: a just-started engine's
+                # first, slow answers (its warm-up) fall outside the latency window
+                if answers is None:
+                    answers = _answers(fleet, [n.host for n in mine], model, golden)
                 if not _weights(inventory, {n.instance: weight for n in mine}):
                     raise RuntimeError(f"HAProxy refused weight {weight}")
                 console.print(
@@ -166,7 +171,6 @@ def _compare(
                 new_side, old_side = watch(
                     fleet, model, [n.host for n in mine], seconds, requests, load
                 )
-                answers = _answers(fleet, [n.host for n in mine], model, golden)
                 rows = c.judge(
                     new_side,
                     old_side,
