@@ -43,6 +43,8 @@ ENGINE_INPUTS = [
     "roles/inference_engine/files/requirements_of.py",
     "roles/package_lists/tasks/main.yml",
     "roles/package_lists/tasks/installed.yml",
+    "roles/package_lists/tasks/missing.yml",
+    "roles/package_lists/tasks/install-missing.yml",
 ]
 ENGINE_WHEELHOUSE = "/opt/inferfleet/wheelhouse"  # where molecule mounts it, too
 
