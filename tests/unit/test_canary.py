@@ -221,3 +221,42 @@ def test_a_canary_needs_two_instances(tmp_path):
     )
     result = CliRunner().invoke(app, ["rollout", "--canary", "-i", str(inv)])
     assert result.exit_code == 1 and "--canary needs two instances or more" in result.output
+
+
+def test_the_canary_answers_its_golden_prompts_before_it_takes_a_share(tmp_path, monkeypatch):
+    """_canary with its playbooks, the watch and the engines stood in for (molecule's
+    replicated scenario runs them for real): the golden prompts go to the canary and the
+    old instance before the canary's weight is set, so a just-started engine's first,
+    slow answers fall outside the latency window; the weight goes back after the watch."""
+    from types import SimpleNamespace
+
+    from inferfleet.commands import rollout as cmd
+
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(
+        "all:\n  vars: {inferfleet_model_name: tiny, inferfleet_model_version: v1}\n"
+        "  children:\n    inference:\n      hosts: {n1: {}, n2: {}}\n    loadbalancers:\n"
+        "      hosts: {lb: {}}\n"
+    )
+    events = []
+
+    def run_playbook(name, playbook, inventory, extra_vars=None, limit=None, console=None):
+        events.append((name, (extra_vars or {}).get("rollout_weights")))
+        return SimpleNamespace(rc=0, record=str(tmp_path / "record.json"), failures=[])
+
+    def complete(base, model, key, prompt):
+        events.append(("golden", prompt))
+        return SimpleNamespace(text="the same answer")
+
+    good = c.Side(requests=10, errors=0, p50=0.1, p95=0.2)
+    monkeypatch.setattr(cmd, "run_playbook", run_playbook)
+    monkeypatch.setattr(cmd.v, "complete", complete)
+    monkeypatch.setattr(cmd, "watch", lambda *a: events.append(("watch", None)) or (good, good))
+    monkeypatch.setattr(cmd, "add_to_record", lambda *a, **k: None)
+    monkeypatch.setattr(cmd, "print_summary", lambda *a: None)
+    cmd._canary(inv, "tiny", {}, c.Thresholds(), [c.Golden("q")], 0.1, 1.0, 0, 0)
+    assert [name for name, _ in events] == [
+        "rollout canary", "golden", "golden", "canary weight", "watch", "canary weight",
+        "rollout"]
+    assert events[5] == ("canary weight", {"n1": "100%"})

@@ -236,22 +236,9 @@ def _canary(
         print_summary(first)
         raise typer.Exit(first.rc)
     weight = c.weight_for_share(share, len(serving) - 1, fleet.weight)
-    weights = run_playbook(
-        "canary weight",
-        "weights.yml",
-        inventory,
-        extra_vars={"rollout_weights": {node.instance: weight}},
-        console=console,
-    )
     try:
-        if weights.rc != 0:
-            raise RuntimeError(f"HAProxy refused weight {weight}: {'; '.join(weights.failures)}")
-        effective = weight / (weight + fleet.weight * (len(serving) - 1))
-        console.print(
-            f"canary weight {weight} (about {effective:.0%} of HAProxy's requests); watching "
-            f"for {seconds:g} s" + (f" or {requests} canary requests" if requests else "")
-        )
-        mine, theirs = watch(fleet, model, [node.host], seconds, requests, load)
+        # asked before the canary takes a share: a just-started engine's first, slow
+        # answers (its warm-up) fall outside the latency window
         answers = [
             (
                 g,
@@ -260,6 +247,21 @@ def _canary(
             )
             for g in golden
         ]
+        weights = run_playbook(
+            "canary weight",
+            "weights.yml",
+            inventory,
+            extra_vars={"rollout_weights": {node.instance: weight}},
+            console=console,
+        )
+        if weights.rc != 0:
+            raise RuntimeError(f"HAProxy refused weight {weight}: {'; '.join(weights.failures)}")
+        effective = weight / (weight + fleet.weight * (len(serving) - 1))
+        console.print(
+            f"canary weight {weight} (about {effective:.0%} of HAProxy's requests); watching "
+            f"for {seconds:g} s" + (f" or {requests} canary requests" if requests else "")
+        )
+        mine, theirs = watch(fleet, model, [node.host], seconds, requests, load)
         rows = c.judge(mine, theirs, answers, limits)
     except Exception as err:  # noqa: BLE001 (no verdict is a failed canary: roll it back)
         rows = [c.Row("comparison", "", "", "a verdict", False)]
