@@ -754,3 +754,55 @@ def test_lab_hosts_beyond_the_inotify_limit_are_refused_with_the_fix():
     said = fleet.inotify_shortfall(33, limit=128)
     assert said.startswith("33 lab hosts need about 165 inotify instances, and this machine")
     assert "sysctl -w fs.inotify.max_user_instances=1024" in said
+
+
+@pytest.mark.parametrize("counts, served", [([5, 5, 5, 6], 1), ([5] * 20, 0)])
+def test_failover_waits_for_the_returned_engine_to_serve_up_to_a_second_per_instance(
+    tmp_path, monkeypatch, counts, served
+):
+    """`verify --failover`'s last check with the playbook, the load and the engines stood
+    in for (molecule/replicated and the install test run them for real): under its light
+    load a returning engine of a large fleet may get its first request well after the slow
+    start; the check waits for it, a second more per instance of its model at most, and
+    fails when none comes."""
+    from types import SimpleNamespace
+
+    from inferfleet import fleet as fleet_mod
+    from inferfleet.commands import verify as cmd
+
+    inv = two_node_inventory(tmp_path, ["n1", "n2", "n3"])
+    fleet = fleet_mod.load(inv)
+    node = fleet.serving[-1]
+    clock = [0.0]
+    fake_time = SimpleNamespace(time=lambda: 1000.0 + clock[0], monotonic=lambda: clock[0],
+                                sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    reads = iter(counts)
+
+    class Load:
+        calls: list = []
+
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def failed(self):
+            return []
+
+    report = {"stopped_at": 1000.0, "down_at": 1003.0, "started_at": 1010.0, "up_at": 1011.0,
+              "haproxies": ["lb"]}
+    monkeypatch.setattr(cmd, "time", fake_time)
+    monkeypatch.setattr(cmd, "_health_moments", lambda node, stop, out: None)
+    monkeypatch.setattr(cmd.v, "LoadLoop", Load)
+    monkeypatch.setattr(cmd, "_served_by", lambda fleet, node: next(reads))
+    monkeypatch.setattr(cmd, "run_playbook", lambda *a, **k: SimpleNamespace(
+        data={"inferfleet_failover": {node.host: report}}, failures=[]))
+    checks, figures = cmd._failover(fleet, inv, node, 60, True)
+    assert figures["served_after_back"] == served
+    assert dict((name, ok) for name, ok, _ in checks)["failover: put back"] is (served > 0)
+    waited = clock[0] - (fleet.slowstart + 5)
+    assert waited == (2 if served else len(fleet.serving_of(node.model))), waited

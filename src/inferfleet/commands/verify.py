@@ -33,6 +33,12 @@ def _served(fleet: fleet_mod.Fleet) -> dict[str, tuple[float, float]]:
     return out
 
 
+def _served_by(fleet: fleet_mod.Fleet, node: fleet_mod.Node) -> float:
+    """The requests `node`'s engine completed, from its metrics (NaN if it did not answer)."""
+    status, text = v.get(f"{node.base}/metrics", fleet.engine_key)
+    return v.served_requests(text) if status == 200 else float("nan")
+
+
 def _same_answers(fleet: fleet_mod.Fleet, model: str, of: str) -> list[tuple[str, bool, str]]:
     """The greedy answer of every instance of `model`, and of `model` through every load
     balancer: all the same."""
@@ -151,10 +157,16 @@ def _failover(
             extra_vars={"failover_host": node.host, "failover_timeout": timeout},
             console=Console(quiet=True) if quiet else console,
         )
-        # Past the returning engine's slow start: it must serve its share again.
-        back = _served(fleet)[node.host][0]
+        # Past the returning engine's slow start: it must serve its share again. The
+        # load is light (two requests at a time), so on a large fleet its turn may come
+        # later: up to a second more per instance of its model.
+        back = _served_by(fleet, node)
         time.sleep(fleet.slowstart + 5)
-        served_again = _served(fleet)[node.host][0] - back
+        deadline = time.monotonic() + len(fleet.serving_of(node.model))
+        while not (served_again := _served_by(fleet, node) - back) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(1)
     stop.set()
     watcher.join()
     report = run.data.get("inferfleet_failover", {}).get(node.host)  # failover.yml's set_stats
