@@ -24,6 +24,20 @@ own strategy and with Mitogen's (INFERFLEET_MITOGEN=1), alternately --deploy-run
 each, and prints the ratio of their medians; a run that fails or changes anything says so
 and exits 1 without ratios. Beside each: the controller's CPU (the CLI, ansible-playbook,
 its workers and the docker commands they start) and the lab containers' CPU.
+
+With --operations 2,4,8,16,32 it times, instead, the operator's life cycle at each fleet
+size, each on a lab of its own (`lab down`, then `lab up --nodes N+1 --engine sim
+--no-deploy`, node N+1 kept in `standby` for the scale-out): a cold `deploy`, a no-change
+`deploy` (0 changed), `verify`, `rollout` of a new version one instance at a time and 25 %
+at a time, `scale --add` of the fresh node, and `verify --failover`. Prints one table
+(seconds per operation and N; each operation's growth from the smallest N to the largest
+and its slope in seconds per added node), where each operation's time goes (the
+controller's CPU, the lab containers' CPU, the machine's busy share: the rest is waiting),
+the rollouts' batches against one instance's switch (the median batch of the one-at-a-time
+rollout), and the failover's figures against HAProxy's bound (inter x fall). Any command
+that fails, a no-change deploy that changes something, or a failover that failed requests
+started after the stop: said, and exit 1 without growth figures. The lab is left up at
+the largest N. Every command runs with the environment's INFERFLEET_MITOGEN.
 """
 
 from __future__ import annotations
@@ -39,13 +53,16 @@ import sys
 import tempfile
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 from lb_overhead import set_state
 from load_client import guidellm, require
 
+from inferfleet import inventory_edit
 from inferfleet.commands.common import LAB_INVENTORY
-from inferfleet.fleet import load
+from inferfleet.fleet import load, role_defaults
+from inferfleet.lab.fleet import node_name
 
 LB_CONTAINER = "inferfleet-lab-lb"
 
@@ -123,21 +140,28 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed_deploy(mitogen: bool, containers: list[str]) -> dict:
-    """One `inferfleet deploy` of the lab: its wall time, CPU and record."""
-    env = dict(os.environ, INFERFLEET_MITOGEN="1" if mitogen else "0")
+def timed_cli(args: list[str], containers: list[str], env: dict | None = None) -> dict:
+    """One `inferfleet` command: its rc, wall time, CPU (the controller: the CLI and every
+    process it starts; the lab containers; the machine's busy share), the changes its run
+    made (from its record) and its output."""
     cli = Path(sys.executable).parent / "inferfleet"
     controller = children_cpu()
     with CpuMeter({"containers": containers}) as meter:
-        done = subprocess.run([cli, "deploy", "-i", LAB_INVENTORY], env=env, capture_output=True,
-                              text=True)
-    found = re.search(r"record: (\S+record\.json)", done.stdout)
-    record = json.loads(Path(found[1]).read_text()) if found else {}
-    changed = sum(record.get("stats", {}).get("changed", {}).values())
-    return {"mitogen": mitogen, "rc": done.returncode, "changed": changed,
+        done = subprocess.run([cli, *args], env=env, capture_output=True, text=True)
+    found = re.findall(r"record: (\S+record\.json)", done.stdout)
+    stats = json.loads(Path(found[-1]).read_text()).get("stats", {}) if found else {}
+    return {"rc": done.returncode, "changed": sum(stats.get("changed", {}).values()),
             "wall": meter.wall, "controller": (children_cpu() - controller) / meter.wall,
             "containers": meter.cores["containers"], "machine": meter.machine,
-            "record": found[1] if found else done.stdout[-2000:] + done.stderr[-2000:]}
+            "record": found[-1] if found else None, "stdout": done.stdout,
+            "tail": done.stdout[-2000:] + done.stderr[-2000:]}
+
+
+def timed_deploy(mitogen: bool, containers: list[str]) -> dict:
+    """One `inferfleet deploy` of the lab with Ansible's strategy or Mitogen's."""
+    env = dict(os.environ, INFERFLEET_MITOGEN="1" if mitogen else "0")
+    r = timed_cli(["deploy", "-i", str(LAB_INVENTORY)], containers, env)
+    return {**r, "mitogen": mitogen, "record": r["record"] or r["tail"]}
 
 
 def deploy_phase(nodes: list, runs: int) -> int:
@@ -171,6 +195,146 @@ def deploy_phase(nodes: list, runs: int) -> int:
     return 0
 
 
+ROLL_PLAY = "Roll the instances, one batch at a time"  # playbooks/rolling_update.yml
+OPERATIONS = ("cold deploy", "no-change deploy", "verify", "rollout 1 at a time",
+              "rollout 25 % at a time", "scale --add 1", "verify --failover")
+
+
+def batch_seconds(record: str) -> list[float]:
+    """The seconds each batch of a rollout took: from the start of each run of the play
+    that rolls the instances (Ansible starts it once per batch) to the next play's start."""
+    marks = []
+    for path in Path(record).parent.glob("artifacts/*/job_events/*.json"):
+        event = json.loads(path.read_text())
+        if event["event"] in ("playbook_on_play_start", "playbook_on_stats"):
+            marks.append((event["counter"], datetime.fromisoformat(event["created"]),
+                          event["event_data"].get("play")))
+    marks.sort()
+    out = [(b[1] - a[1]).total_seconds() for a, b in zip(marks, marks[1:], strict=False)
+           if a[2] == ROLL_PLAY]
+    if not out:
+        raise SystemExit(f"no batch of the play {ROLL_PLAY!r} in the events beside {record}: "
+                         "was it renamed in playbooks/rolling_update.yml?")
+    return out
+
+
+def seconds(value: str) -> float:
+    """HAProxy's time ('2s', '500ms') in seconds."""
+    number = float(value.rstrip("ms"))
+    return number / 1000 if value.endswith("ms") else number
+
+
+def lab_of(nodes: int) -> str:
+    """A fresh lab of `nodes` engine nodes and one more, in standby (the scale-out's new
+    node: nothing installed on it). Returns that node's name."""
+    cli = Path(sys.executable).parent / "inferfleet"
+    subprocess.run([cli, "lab", "down"], capture_output=True, text=True, check=True)
+    up = subprocess.run([cli, "lab", "up", "--nodes", str(nodes + 1), "--engine", "sim",
+                         "--no-deploy"], capture_output=True, text=True)
+    if up.returncode:
+        raise SystemExit(f"lab up --nodes {nodes + 1}: rc {up.returncode}\n{up.stdout[-2000:]}"
+                         f"{up.stderr[-2000:]}")
+    new = node_name(nodes + 1)
+    hosts = inventory_edit.group_file(LAB_INVENTORY, [new])
+    hosts.write_text(inventory_edit.leave(hosts.read_text(), [new]))
+    return new
+
+
+def operations_at(nodes: int) -> dict[str, dict]:
+    """Every operation of OPERATIONS on a fresh lab of `nodes` engine nodes."""
+    new = lab_of(nodes)
+    containers = [LB_CONTAINER, *(node_name(i) for i in range(1, nodes + 2))]
+    cli = Path(sys.executable).parent / "inferfleet"
+    inv = ["-i", str(LAB_INVENTORY)]
+    quarter = max(1, nodes // 4)
+    steps_ = {
+        "cold deploy": ["deploy", *inv],
+        "no-change deploy": ["deploy", *inv],
+        "verify": ["verify", *inv, "--json"],
+        "rollout 1 at a time": ["rollout", *inv, "--version", "v2", "--serial", "1"],
+        "rollout 25 % at a time": ["rollout", *inv, "--version", "v3", "--serial", str(quarter)],
+        "scale --add 1": ["scale", *inv, "--add", new],
+        "verify --failover": ["verify", *inv, "--failover", "--json"],
+    }
+    out: dict[str, dict] = {}
+    for name, args in steps_.items():
+        if name.startswith("rollout"):
+            version = args[args.index("--version") + 1]
+            subprocess.run([cli, "lab", "publish", version, "--seed", version[1:]],
+                           capture_output=True, text=True, check=True)
+        r = out[name] = timed_cli(args, containers)
+        if name.startswith("rollout") and not r["rc"]:
+            r["batches"] = batch_seconds(r["record"])
+        if name.startswith("verify") and not r["rc"]:
+            r["report"] = json.loads(r["stdout"])
+        print(f"N={nodes} {name}: rc {r['rc']}, {r['changed']} changed, {r['wall']:.1f} s "
+              f"(controller {r['controller']:.2f}, containers {r['containers']:.2f} cores, "
+              f"machine {r['machine']:.0%})"
+              + (f", batches {' '.join(f'{b:.1f}' for b in r['batches'])} s" if "batches" in r
+                 else ""), flush=True)
+        if r["rc"] or (name == "no-change deploy" and r["changed"]):
+            break
+    return out
+
+
+def slope(xs: list[int], ys: list[float]) -> float:
+    """Least squares: seconds per added node."""
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    return (sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+            / sum((x - mx) ** 2 for x in xs))
+
+
+def operations_phase(sizes: list[int]) -> int:
+    runs = {}
+    for n in sizes:
+        runs[n] = operations_at(n)
+        bad = [(op, r) for op, r in runs[n].items()
+               if r["rc"] or (op == "no-change deploy" and r["changed"])]
+        if bad:
+            for op, r in bad:
+                print(f"FAILED at N={n}: {op}: rc {r['rc']}, {r['changed']} changed; "
+                      f"{r['record'] or r['tail']}")
+            print("no growth figures: an operation that failed or a no-change deploy that "
+                  "changed something measures nothing")
+            return 1
+    print(f"\nthe operator's life cycle per fleet size: seconds (N engine nodes, one HAProxy; "
+          f"{os.cpu_count()} cores shared by the controller and every host; "
+          f"INFERFLEET_MITOGEN={os.environ.get('INFERFLEET_MITOGEN', '0')})")
+    head = "".join(f"{'N=' + str(n):>9}" for n in sizes)
+    print(f"{'operation':24}{head} {'growth':>8} {'s/node':>7}")
+    for op in OPERATIONS:
+        walls = [runs[n][op]["wall"] for n in sizes]
+        grow = (f"{walls[-1] / walls[0]:7.2f}x {slope(sizes, walls):7.2f}" if len(sizes) > 1
+                else "")
+        print(f"{op:24}" + "".join(f"{w:9.1f}" for w in walls) + f" {grow}")
+    print("\nwhere the time goes: the controller's CPU / the lab containers' CPU in cores "
+          "(1.0 = one core) / the machine's busy share; the rest of the wall time is waiting")
+    print(f"{'operation':24}" + "".join(f"{'N=' + str(n):>17}" for n in sizes))
+    for op in OPERATIONS:
+        print(f"{op:24}" + "".join(
+            f"{runs[n][op]['controller']:6.2f}/{runs[n][op]['containers']:4.2f}/"
+            f"{runs[n][op]['machine']:4.0%}".rjust(17) for n in sizes))
+    print("\nrollouts: one instance's switch = the median batch of the one-at-a-time rollout")
+    print(f"{'N':>4} {'switch s':>9} {'batches':>8} {'25 %: s':>8} {'batches':>8} "
+          f"{'x switch':>9}")
+    for n in sizes:
+        switch = statistics.median(runs[n]["rollout 1 at a time"]["batches"])
+        quarter = runs[n]["rollout 25 % at a time"]
+        print(f"{n:4d} {switch:9.1f} {len(runs[n]['rollout 1 at a time']['batches']):8d} "
+              f"{quarter['wall']:8.1f} {len(quarter['batches']):8d} "
+              f"{quarter['wall'] / switch:9.2f}")
+    lb = role_defaults("load_balancer")
+    bound = seconds(lb["load_balancer_health_inter"]) * int(lb["load_balancer_health_fall"])
+    print(f"\nfailover: the last instance's engine stopped under load; HAProxy's bound "
+          f"inter x fall = {bound:g} s")
+    print(f"{'N':>4} {'out after s':>12} {'back after s':>13} {'sent':>6} {'failed':>7}")
+    for n in sizes:
+        f = runs[n]["verify --failover"]["report"]["failover"]
+        print(f"{n:4d} {f['taken_out_after_s']:12.1f} {f['put_back_after_s']:13.1f} "
+              f"{f['sent']:6d} {f['failed']:7d}")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--per-replica", type=int, default=8, help="requests at once per replica")
@@ -180,9 +344,20 @@ def main() -> int:
     p.add_argument("--deploy", action="store_true",
                    help="time no-change deploys (Ansible's strategy, Mitogen's) instead")
     p.add_argument("--deploy-runs", type=int, default=1, help="deploys of each strategy")
+    p.add_argument("--operations", metavar="N,N,...",
+                   help="time the operator's life cycle on a fresh lab of each size instead")
     args = p.parse_args()
     if args.deploy_runs < 1:
         p.error("--deploy-runs: at least 1 deploy of each strategy")
+    if args.operations is not None:
+        try:
+            sizes = sorted({int(n) for n in args.operations.split(",")})
+        except ValueError:
+            p.error(f"--operations {args.operations}: fleet sizes, e.g. 2,4,8,16,32")
+        if sizes[0] < 2 or sizes[-1] > 63:
+            p.error(f"--operations {args.operations}: sizes from 2 to 63 (the lab holds 64 "
+                    "nodes, one of them the scale-out's)")
+        return operations_phase(sizes)
     fleet = load(LAB_INVENTORY)
     nodes = fleet.serving
     if not nodes:
