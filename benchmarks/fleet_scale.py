@@ -61,7 +61,8 @@ from load_client import guidellm, require
 
 from inferfleet import inventory_edit
 from inferfleet.commands.common import LAB_INVENTORY
-from inferfleet.fleet import load, role_defaults
+from inferfleet.commands.lab import lab_vars
+from inferfleet.fleet import duration, load, role_defaults
 from inferfleet.lab.fleet import node_name
 
 LB_CONTAINER = "inferfleet-lab-lb"
@@ -218,12 +219,6 @@ def batch_seconds(record: str) -> list[float]:
     return out
 
 
-def seconds(value: str) -> float:
-    """HAProxy's time ('2s', '500ms') in seconds."""
-    number = float(value.rstrip("ms"))
-    return number / 1000 if value.endswith("ms") else number
-
-
 def lab_of(nodes: int) -> str:
     """A fresh lab of `nodes` engine nodes and one more, in standby (the scale-out's new
     node: nothing installed on it). Returns that node's name."""
@@ -265,7 +260,7 @@ def operations_at(nodes: int) -> dict[str, dict]:
         r = out[name] = timed_cli(args, containers)
         if name.startswith("rollout") and not r["rc"]:
             r["batches"] = batch_seconds(r["record"])
-        if name.startswith("verify") and not r["rc"]:
+        if name == "verify --failover" and not r["rc"]:
             r["report"] = json.loads(r["stdout"])
         print(f"N={nodes} {name}: rc {r['rc']}, {r['changed']} changed, {r['wall']:.1f} s "
               f"(controller {r['controller']:.2f}, containers {r['containers']:.2f} cores, "
@@ -323,8 +318,8 @@ def operations_phase(sizes: list[int]) -> int:
         print(f"{n:4d} {switch:9.1f} {len(runs[n]['rollout 1 at a time']['batches']):8d} "
               f"{quarter['wall']:8.1f} {len(quarter['batches']):8d} "
               f"{quarter['wall'] / switch:9.2f}")
-    lb = role_defaults("load_balancer")
-    bound = seconds(lb["load_balancer_health_inter"]) * int(lb["load_balancer_health_fall"])
+    lb = {**role_defaults("load_balancer"), **lab_vars()}
+    bound = duration(lb["load_balancer_health_inter"]) * int(lb["load_balancer_health_fall"])
     print(f"\nfailover: the last instance's engine stopped under load; HAProxy's bound "
           f"inter x fall = {bound:g} s")
     print(f"{'N':>4} {'out after s':>12} {'back after s':>13} {'sent':>6} {'failed':>7}")
