@@ -66,6 +66,7 @@ from inferfleet.fleet import duration, load, role_defaults
 from inferfleet.lab.fleet import node_name
 
 LB_CONTAINER = "inferfleet-lab-lb"
+CLI = Path(sys.executable).parent / "inferfleet"
 
 
 def version(base: str, key: str) -> str:
@@ -145,10 +146,9 @@ def timed_cli(args: list[str], containers: list[str], env: dict | None = None) -
     """One `inferfleet` command: its rc, wall time, CPU (the controller: the CLI and every
     process it starts; the lab containers; the machine's busy share), the changes its run
     made (from its record) and its output."""
-    cli = Path(sys.executable).parent / "inferfleet"
     controller = children_cpu()
     with CpuMeter({"containers": containers}) as meter:
-        done = subprocess.run([cli, *args], env=env, capture_output=True, text=True)
+        done = subprocess.run([CLI, *args], env=env, capture_output=True, text=True)
     found = re.findall(r"record: (\S+record\.json)", done.stdout)
     stats = json.loads(Path(found[-1]).read_text()).get("stats", {}) if found else {}
     return {"rc": done.returncode, "changed": sum(stats.get("changed", {}).values()),
@@ -222,9 +222,8 @@ def batch_seconds(record: str) -> list[float]:
 def lab_of(nodes: int) -> str:
     """A fresh lab of `nodes` engine nodes and one more, in standby (the scale-out's new
     node: nothing installed on it). Returns that node's name."""
-    cli = Path(sys.executable).parent / "inferfleet"
-    subprocess.run([cli, "lab", "down"], capture_output=True, text=True, check=True)
-    up = subprocess.run([cli, "lab", "up", "--nodes", str(nodes + 1), "--engine", "sim",
+    subprocess.run([CLI, "lab", "down"], capture_output=True, text=True, check=True)
+    up = subprocess.run([CLI, "lab", "up", "--nodes", str(nodes + 1), "--engine", "sim",
                          "--no-deploy"], capture_output=True, text=True)
     if up.returncode:
         raise SystemExit(f"lab up --nodes {nodes + 1}: rc {up.returncode}\n{up.stdout[-2000:]}"
@@ -239,7 +238,6 @@ def operations_at(nodes: int) -> dict[str, dict]:
     """Every operation of OPERATIONS on a fresh lab of `nodes` engine nodes."""
     new = lab_of(nodes)
     containers = [LB_CONTAINER, *(node_name(i) for i in range(1, nodes + 2))]
-    cli = Path(sys.executable).parent / "inferfleet"
     inv = ["-i", str(LAB_INVENTORY)]
     quarter = max(1, nodes // 4)
     steps_ = {
@@ -255,7 +253,7 @@ def operations_at(nodes: int) -> dict[str, dict]:
     for name, args in steps_.items():
         if name.startswith("rollout"):
             version = args[args.index("--version") + 1]
-            subprocess.run([cli, "lab", "publish", version, "--seed", version[1:]],
+            subprocess.run([CLI, "lab", "publish", version, "--seed", version[1:]],
                            capture_output=True, text=True, check=True)
         r = out[name] = timed_cli(args, containers)
         if name.startswith("rollout") and not r["rc"]:

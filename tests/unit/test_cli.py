@@ -798,7 +798,7 @@ def test_failover_waits_for_the_returned_engine_to_serve_up_to_a_second_per_inst
     monkeypatch.setattr(cmd, "time", fake_time)
     monkeypatch.setattr(cmd, "_health_moments", lambda node, stop, out: None)
     monkeypatch.setattr(cmd.v, "LoadLoop", Load)
-    monkeypatch.setattr(cmd, "_served_by", lambda fleet, node: next(reads))
+    monkeypatch.setattr(cmd, "_counters", lambda fleet, node: (next(reads), 0.0))
     monkeypatch.setattr(cmd, "run_playbook", lambda *a, **k: SimpleNamespace(
         data={"inferfleet_failover": {node.host: report}}, failures=[]))
     checks, figures = cmd._failover(fleet, inv, node, 60, True)

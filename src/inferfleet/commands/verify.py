@@ -21,22 +21,17 @@ from inferfleet.commands.common import console, fail, resolve_inventory
 from inferfleet.runner import run_playbook
 
 
+def _counters(fleet: fleet_mod.Fleet, node: fleet_mod.Node) -> tuple[float, float]:
+    """`node`'s engine's (completed requests, busy seconds) from its metrics (NaN if it
+    did not answer)."""
+    status, text = v.get(f"{node.base}/metrics", fleet.engine_key)
+    nan = float("nan")
+    return (v.served_requests(text), v.busy_seconds(text)) if status == 200 else (nan, nan)
+
+
 def _served(fleet: fleet_mod.Fleet) -> dict[str, tuple[float, float]]:
     """Each serving engine's (completed requests, busy seconds) from its metrics."""
-    out = {}
-    for node in fleet.serving:
-        status, text = v.get(f"{node.base}/metrics", fleet.engine_key)
-        nan = float("nan")
-        out[node.host] = (
-            (v.served_requests(text), v.busy_seconds(text)) if status == 200 else (nan, nan)
-        )
-    return out
-
-
-def _served_by(fleet: fleet_mod.Fleet, node: fleet_mod.Node) -> float:
-    """The requests `node`'s engine completed, from its metrics (NaN if it did not answer)."""
-    status, text = v.get(f"{node.base}/metrics", fleet.engine_key)
-    return v.served_requests(text) if status == 200 else float("nan")
+    return {node.host: _counters(fleet, node) for node in fleet.serving}
 
 
 def _same_answers(fleet: fleet_mod.Fleet, model: str, of: str) -> list[tuple[str, bool, str]]:
@@ -160,10 +155,10 @@ def _failover(
         # Past the returning engine's slow start: it must serve its share again. The
         # load is light (two requests at a time), so on a large fleet its turn may come
         # later: up to a second more per instance of its model.
-        back = _served_by(fleet, node)
+        back = _counters(fleet, node)[0]
         time.sleep(fleet.slowstart + 5)
         deadline = time.monotonic() + len(fleet.serving_of(node.model))
-        while not (served_again := _served_by(fleet, node) - back) and (
+        while not (served_again := _counters(fleet, node)[0] - back) and (
             time.monotonic() < deadline
         ):
             time.sleep(1)
