@@ -66,23 +66,24 @@ def _record(out: str) -> dict:
     return json.loads(Path(out.rsplit("record: ", 1)[1].split()[0]).read_text())
 
 
-def _changed(out: str) -> list[str]:
-    """'host: task' of every change a run made, from ansible-runner's events beside its
-    record."""
+def _events(out: str) -> list[dict]:
+    """ansible-runner's events of a run, from beside its record."""
     events = Path(out.rsplit("record: ", 1)[1].split()[0]).parent.glob(
         "artifacts/*/job_events/*.json")
-    found = [json.loads(e.read_text()).get("event_data", {}) for e in events]
+    return [json.loads(e.read_text()) for e in events]
+
+
+def _changed(out: str) -> list[str]:
+    """'host: task' of every change a run made."""
+    found = [e.get("event_data", {}) for e in _events(out)]
     return sorted(f"{d.get('host')}: {d.get('task')}" for d in found
                   if (d.get("res") or {}).get("changed") is True)
 
 
 def _roles_stepped(out: str) -> dict[str, set[str]]:
     """host -> the roles of which a run took a step (a task run or skipped) there."""
-    events = Path(out.rsplit("record: ", 1)[1].split()[0]).parent.glob(
-        "artifacts/*/job_events/*.json")
     stepped: dict[str, set[str]] = {}
-    for e in events:
-        event = json.loads(e.read_text())
+    for event in _events(out):
         d = event.get("event_data", {})
         if event.get("event") in ("runner_on_ok", "runner_on_skipped") and d.get("role"):
             stepped.setdefault(d["host"], set()).add(d["role"])
