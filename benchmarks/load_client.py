@@ -1,6 +1,10 @@
 """guidellm (0.8.1, in .venv-bench: `make .venv-bench/bin/guidellm`) as the benchmarks'
-load client: one run of `--streams` requests in flight until `--requests` are done, on
-synthetic prompts counted with the lab model's own tokenizer; its figures."""
+load client: one run of `streams` requests in flight (or, given `rate`, one request every
+1/rate s, guidellm's constant schedule: the same offered load whatever the answers take)
+until `requests` are done, on synthetic prompts counted with the lab model's own
+tokenizer; its figures, without the first `warmup` requests. Not guidellm's poisson
+schedule: in 0.8.1 its workers do not see the start time, and it sent every request at
+once here (its report's targeted start delays were the Unix epoch's)."""
 
 from __future__ import annotations
 
@@ -30,15 +34,19 @@ def tokenizer(model: str) -> Path:
 
 
 def guidellm(target: str, key: str, model: str, *, streams: int, requests: int, data: dict,
-             seed: int, work: Path) -> dict:
+             seed: int, work: Path, rate: float | None = None, warmup: int = 0) -> dict:
     """One guidellm run against `target` (data: guidellm's synthetic_text settings); its
     figures. The scenario file holds the key: 0600, removed after."""
     scenario = work / f"scenario-{seed}.json"
     report = work / f"report-{seed}.json"
+    profile = ({"kind": "constant", "rate": [rate]} if rate
+               else {"kind": "concurrent", "streams": [streams]})
+    if warmup:
+        profile["warmup"] = {"value": warmup, "mode": "requests"}
     spec = {
         "backend": {"kind": "openai_http", "target": target, "model": model, "api_key": key,
                     "request_format": "/v1/completions", "validate_backend": False},
-        "profile": {"kind": "concurrent", "streams": [streams]},
+        "profile": profile,
         "data": [{"kind": "synthetic_text", **data}],
         "constraints": [{"kind": "max_requests", "count": requests}],
         "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer(model))},
@@ -60,15 +68,18 @@ def guidellm(target: str, key: str, model: str, *, streams: int, requests: int, 
 
 
 def figures(report: dict) -> dict:
-    """Requests, failures, requests/s, latency p50/p99 (s), TTFT p50/p90 (s) and output
-    tokens/s from guidellm's report."""
+    """Requests measured, failures (the warm-up's too), requests/s, latency p50/p99 (s),
+    TTFT p50/p90 (s) and output tokens/s from guidellm's report."""
     metrics = report["benchmarks"][0]["metrics"]
     totals = metrics["request_totals"]
+    # what the scheduler made, the warm-up's requests too: a failure there is a failure
+    made = report["benchmarks"][0]["scheduler_metrics"]["requests_made"]
     ttft = metrics["time_to_first_token_ms"]["successful"]["percentiles"]
     latency = metrics["request_latency"]["successful"]["percentiles"]
     return {
         "ok": totals["successful"],
-        "failed": totals["errored"] + totals["incomplete"],
+        "failed": max(totals["errored"] + totals["incomplete"],
+                      made["errored"] + made["incomplete"]),
         "req_s": metrics["requests_per_second"]["successful"]["mean"],
         "p50": latency["p50"],
         "p99": latency["p99"],
