@@ -26,10 +26,9 @@ vllm:request_success_total) and the mean prompt in the engines' own tokens
 (vllm:prompt_tokens_total per request: the workload's sizes are guidellm's counts with
 the lab model's tokenizer, which a simulated engine, counting words, does not share);
 with a leastconn phase, each phase's p90 TTFT gain over leastconn's (its p90 over this
-one's) and tokens/s against leastconn's. When leastconn
-reaches 0.7 of `single` the workload revisits too few prefixes to tell routings apart,
-and the run says so. A phase with a failed request says so and the run exits 1 without
-ratios.
+one's) and tokens/s against leastconn's. When leastconn reaches 0.7 of `single` the
+workload revisits too few prefixes to tell routings apart, and the run says so. A phase
+with a failed request (in its warm-up too) says so and the run exits 1 without ratios.
 
 `--rate R` compares the routings at the same offered load: a request every 1/R s
 (guidellm's constant schedule) whatever they take, so a routing that makes the engines
