@@ -13,7 +13,8 @@ Mitogen's strategy (INFERFLEET_MITOGEN=1), which the other scenarios leave off:
   figures for each of the six instances;
 - cache_aware routing: the requests of each of three tenants (one long shared prefix,
   then each request's own question) land on one engine, seen in the engines' counters;
-  the edge still asks for a key and keeps the router's admin API out of reach;
+  the edge still asks for a key, holds a key to its rate limit (429) and keeps the
+  router's admin API out of reach;
 - a tenant's engine killed under its load: the router takes it out within its checks'
   bound, no request started after that fails, the tenant moves to one other engine and
   comes back once its engine answers again;
@@ -204,8 +205,8 @@ def _tenant_engines(fleet, tenant: str, questions: int = 6) -> dict[str, float]:
 
 def _cache_aware_keeps_tenants_together(inventory: Path) -> None:
     """Through HAProxy and its router (load_balancer_routing: cache_aware), each tenant's
-    requests all reach one engine; the edge still asks for a key and keeps the router's
-    admin API out of reach."""
+    requests all reach one engine; the edge still asks for a key, holds a key to its rate
+    limit and keeps the router's admin API out of reach."""
     fleet = fleet_mod.load(inventory)
     assert fleet.routing == "cache_aware"
     # One tenant after another on an idle fleet: each tenant's first request matches no
@@ -218,6 +219,13 @@ def _cache_aware_keeps_tenants_together(inventory: Path) -> None:
     body = {"model": fleet.model, "prompt": "hello", "max_tokens": 1}
     assert v.post_json(f"{base}/v1/completions", body, None).status == 401
     assert v.post_json(f"{base}/v1/completions", body, "sk-not-a-key").status == 401
+    # and its rate limits: the lab's second key may send 3 requests a minute, the lab's
+    # own key is not held back by it
+    secrets = yaml.safe_load((inventory / "group_vars/all/secrets.yml").read_text())
+    limited = [v.post_json(f"{base}/v1/completions", body, secrets["inferfleet_lab_limited_key"])
+               for _ in range(4)]
+    assert [c.status for c in limited] == [200, 200, 200, 429], limited
+    assert v.post_json(f"{base}/v1/completions", body, fleet.api_key).status == 200
     admin = v.post_json(f"{base}/remove_worker?url=http://{NODES[0]}:8000", {}, fleet.api_key)
     assert admin.status == 403, admin
 

@@ -343,8 +343,9 @@ def write_state(
         "inferfleet_lab_s3_access_key": S3_ACCESS_KEY,
         "inferfleet_lab_s3_secret_key": S3_SECRET_KEY,
     }
-    # Added after the others: a lab made before it gets one on its next `lab up`.
+    # Added after the others: a lab made before them gets them on its next `lab up`.
     values.setdefault("inferfleet_lab_peer_token", "peer-" + secrets.token_urlsafe(24))
+    values.setdefault("inferfleet_lab_limited_key", "sk-limited-" + secrets.token_urlsafe(24))
     if not tls_hosts:
         values = {k: v for k, v in values.items() if not k.startswith("inferfleet_lab_tls_")}
         ca_file(inventory).unlink(missing_ok=True)
