@@ -209,9 +209,10 @@ def diff_lines(res: dict) -> list[str]:
 
 def refused(data: dict) -> list[str]:
     """`HOST: STAGE` for every preflight stage that a run left open. Each preflight (a
-    role's preflight tasks, scale.yml's checks) marks itself open, then passed, with
-    set_stats (inferfleet_preflight: {HOST: {STAGE: open|passed}}): one left open means
-    the run failed inside it, so the preflight refused."""
+    role's preflight tasks, scale.yml's checks) marks itself open, then passed, for the
+    play's hosts, with set_stats (inferfleet_preflight: {HOST: {STAGE: open|passed}},
+    once per play): one left open means the run failed inside it, so the preflight
+    refused."""
     stages = data.get("inferfleet_preflight") or {}
     return sorted(
         f"{host}: {stage}"

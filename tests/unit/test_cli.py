@@ -432,8 +432,9 @@ def test_playbooks_hand_the_cli_their_reports_as_set_stats_data(tmp_path, runs_d
 
 
 def test_every_preflight_marks_itself_open_then_passed():
-    """A refusal is told by data: each preflight task file opens its stage first and
-    closes it last, so a failure anywhere inside leaves it open (runner.refused)."""
+    """A refusal is told by data: each preflight task file opens its stage first, for the
+    play's hosts in one step, and closes it last, so a failure anywhere inside leaves it
+    open for the hosts still in the play (runner.refused)."""
     root = Path(__file__).resolve().parents[2]
     files = sorted(root.glob("roles/*/tasks/preflight*.yml")) + [
         root / "roles/preflight/tasks/inventory.yml",
@@ -443,11 +444,13 @@ def test_every_preflight_marks_itself_open_then_passed():
     stages = set()
     for path in files:
         tasks = yaml.safe_load(path.read_text())
+        assert tasks[0]["run_once"] is True and tasks[-1]["run_once"] is True, path
         first, last = tasks[0]["ansible.builtin.set_stats"], tasks[-1]["ansible.builtin.set_stats"]
         opened = first["data"]["inferfleet_preflight"]
         closed = last["data"]["inferfleet_preflight"]
         stage = opened.split("{'")[1].split("'")[0]
-        assert opened.endswith(f"{{'{stage}': 'open'}}}} }}}}"), path
+        marks = f"dict(ansible_play_hosts | product([{{'{stage}': 'open'}}]))"
+        assert opened == f"{{{{ {marks} }}}}", path
         assert closed == opened.replace("'open'", "'passed'"), path
         stages.add(stage)
     assert len(stages) == len(files)  # one stage name per file
