@@ -55,13 +55,15 @@ def test_sound_group_settings_pass(tmp_path):
      "inference_engine_master_port must be a TCP port other than inference_engine_port"),
     ({"inference_engine_group_rendezvous_timeout": 10},
      "inference_engine_group_rendezvous_timeout must be at least 60 seconds"),
+    ({"inference_engine_extra_secret_env": {"HF_TOKEN": "hf_t0ken\nsecond line"}},
+     "inference_engine_extra_secret_env values must be single lines"),
 ])
 def test_bad_group_settings_are_refused_naming_the_variable(tmp_path, settings, message):
     done = preflight(tmp_path, settings)
     out = " ".join((done.stdout + done.stderr).split())
     assert done.returncode != 0
     assert message in out
-    assert "t0ken" not in out  # the Ray token is never printed
+    assert "t0ken" not in out  # the Ray token and the secret environment are never printed
 
 
 @pytest.mark.parametrize("settings, message", [
