@@ -1,8 +1,10 @@
 """The engine role's readiness wait (roles/inference_engine/files/wait_ready.py) against a
-real HTTP server; systemd cannot run here, so a fake `systemctl` on PATH plays the unit
-(its state comes from a file the test writes)."""
+real HTTP server playing the engine's /health, /v1/models and /v1/completions; systemd
+cannot run here, so a fake `systemctl` on PATH plays the unit (its state comes from a file
+the test writes)."""
 
 import http.server
+import json
 import subprocess
 import sys
 import threading
@@ -20,25 +22,46 @@ exit 0
 """
 
 
+KEY = "sk-probe-key"
+
+
 @pytest.fixture
 def health_server():
-    status = {"code": 503}
+    """The engine: /health answers status["code"]; /v1/models lists status["models"] and
+    /v1/completions answers, both only to the key KEY."""
+    status = {"code": 503, "models": ["m"], "completions": 0}
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(status["code"])
+        def answer(self, code, body=None):
+            self.send_response(code)
             self.end_headers()
+            self.wfile.write(json.dumps(body or {}).encode())
+
+        def do_GET(self):
+            if self.path == "/health":
+                return self.answer(status["code"])
+            if self.headers.get("Authorization") != f"Bearer {KEY}":
+                return self.answer(401)
+            self.answer(200, {"data": [{"id": m} for m in status["models"]]})
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.headers.get("Authorization") != f"Bearer {KEY}":
+                return self.answer(401)
+            status["completions"] += 1
+            status["asked"] = body
+            self.answer(200, {"choices": [{"text": "x"}]})
 
         def log_message(self, *args):
             pass
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/health", status
+    yield f"http://127.0.0.1:{server.server_port}", status
     server.shutdown()
 
 
-def run(tmp_path, url, unit_state, timeout=3, during=None):
+def run(tmp_path, url, unit_state, timeout=3, during=None, key=KEY):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "systemctl"
@@ -52,6 +75,10 @@ def run(tmp_path, url, unit_state, timeout=3, during=None):
             SCRIPT,
             "--url",
             url,
+            "--model",
+            "m",
+            "--answer-timeout",
+            "1",
             "--unit",
             "engine",
             "--timeout",
@@ -59,7 +86,8 @@ def run(tmp_path, url, unit_state, timeout=3, during=None):
             "--interval",
             "0.1",
         ],
-        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_UNIT_STATE": str(state)},
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_UNIT_STATE": str(state),
+             "INFERFLEET_PROBE_KEY": key},
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -72,11 +100,28 @@ def run(tmp_path, url, unit_state, timeout=3, during=None):
 STARTING = "NRestarts=0\nActiveState=activating\nSubState=start\n"
 
 
-def test_healthy_engine_passes(tmp_path, health_server):
+def test_engine_that_lists_its_model_and_answers_is_ready(tmp_path, health_server):
     url, status = health_server
     status["code"] = 200
     rc, out = run(tmp_path, url, STARTING)
-    assert rc == 0 and out.startswith("healthy after")
+    assert rc == 0 and out.startswith("ready after"), out
+    assert status["completions"] == 1
+    assert status["asked"] == {"model": "m", "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+
+
+def test_healthy_engine_without_the_model_is_not_ready(tmp_path, health_server):
+    url, status = health_server
+    status["code"], status["models"] = 200, ["other"]
+    rc, out = run(tmp_path, url, STARTING)
+    assert rc == 3 and "/v1/models answered 200 listing ['other'], not m" in out, out
+    assert status["completions"] == 0
+
+
+def test_a_wrong_key_is_not_ready_and_is_not_printed(tmp_path, health_server):
+    url, status = health_server
+    status["code"] = 200
+    rc, out = run(tmp_path, url, STARTING, key="sk-wrong")
+    assert rc == 3 and "/v1/models answered 401" in out and "sk-wrong" not in out, out
 
 
 def test_engine_that_systemd_restarts_fails_at_once(tmp_path, health_server):
