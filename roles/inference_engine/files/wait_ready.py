@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Wait until the engine is ready: its /health answers 200, its /v1/models lists the
-served model and a one-token completion succeeds (each of the last two tried for up to
---answer-timeout). Stop waiting as soon as systemd says the engine exited (a crash at
-start-up, e.g. weights that do not fit the config): systemd restarting it again and
-again would otherwise look like a slow start. The API key, if any, comes from the
-environment (INFERFLEET_PROBE_KEY), never the command line.
+served model and then a one-token completion succeeds (each of the last two tried for
+up to --answer-timeout, a completion taking up to 60 s). Stop waiting as soon as systemd
+says the engine exited (a crash at start-up, e.g. weights that do not fit the config):
+systemd restarting it again and again would otherwise look like a slow start. The API
+key, if any, comes from the environment (INFERFLEET_PROBE_KEY), never the command line.
 
 Exit 0: ready. 1: not healthy within --timeout. 2: the engine exited (systemd is about
 to restart it, or did, or the unit failed/stopped); the unit is then stopped so that it
@@ -58,9 +58,10 @@ def call(url: str, body: dict | None = None, timeout: float = 10) -> tuple[int, 
         return 0, {}
 
 
-def answers(base: str, model: str, deadline: float, interval: float) -> str:
-    """'' once /v1/models lists `model` and a one-token completion succeeds, else what
-    did not, as it stood at `deadline`."""
+def answers(base: str, model: str, patience: float, interval: float) -> str:
+    """'' once /v1/models lists `model` and then a one-token completion succeeds, each
+    tried for up to `patience` seconds; else what did not, as it stood then."""
+    deadline = time.monotonic() + patience
     while True:
         status, body = call(f"{base}/v1/models")
         ids = [m.get("id") for m in body.get("data") or []]
@@ -70,6 +71,7 @@ def answers(base: str, model: str, deadline: float, interval: float) -> str:
             return f"/v1/models answered {status or 'nothing'} listing {ids}, not {model}"
         time.sleep(interval)
     prompt = {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    deadline = time.monotonic() + patience
     while True:
         status, body = call(f"{base}/v1/completions", prompt, timeout=60)
         if status == 200 and body.get("choices"):
@@ -94,7 +96,7 @@ def main() -> int:
     while True:
         if healthy(f"{args.url}/health"):
             healthy_at = time.monotonic()
-            failed = answers(args.url, args.model, healthy_at + args.answer_timeout, args.interval)
+            failed = answers(args.url, args.model, args.answer_timeout, args.interval)
             if failed:
                 print(f"healthy after {healthy_at - started:.0f} s, but {failed}")
                 return 3
