@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -280,8 +281,16 @@ def test_a_burst_of_connections_waits_for_the_engine_instead_of_being_reset(engi
 def test_metrics_carry_the_names_our_roles_read(engine_url):
     for _ in range(3):
         call(f"{engine_url}/v1/completions", {"prompt": "a b c", "max_tokens": 3})
-    status, text = call(f"{engine_url}/metrics", key=None)
-    sums = metric_sums(text.splitlines())
+    # The HTTP duration of a request is recorded once its answer is sent (as vLLM's
+    # instrumentator does), so the last one may land a moment after the client has it.
+    deadline = time.monotonic() + 2
+    while True:
+        status, text = call(f"{engine_url}/metrics", key=None)
+        sums = metric_sums(text.splitlines())
+        recorded = sums.get("http_request_duration_highr_seconds_count")
+        if recorded == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert status == 200
     assert sums["vllm:request_success_total"] == 3
     assert sums["vllm:generation_tokens_total"] == 9
