@@ -81,6 +81,13 @@ class ModelCache:
             return ""
         return os.path.basename(target.rstrip("/"))
 
+    def served(self) -> dict:
+        """What the node serves: {version current points at, the digest it was verified
+        against ('' when not complete), path (the current link), cache_dir}."""
+        version = self.current_version()
+        return {"version": version, "digest": self.marker_digest(version) if version else "",
+                "path": self.current_link, "cache_dir": os.path.abspath(self.dir)}
+
     def marker_digest(self, version: str) -> str:
         """Digest a complete local copy was verified against ('' if none)."""
         path = self.version_path(version)

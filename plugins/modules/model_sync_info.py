@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.inferfleet.fleet.plugins.module_utils.model_sync_cache import ModelCache
 
@@ -83,11 +81,8 @@ def main() -> None:
                        "cache_root": {"type": "path", "required": True}},
         supports_check_mode=True,
     )
-    cache = ModelCache(module.params["cache_root"], module.params["name"])
-    version = cache.current_version()
-    digest = cache.marker_digest(version) if version else ""
-    module.exit_json(changed=False, version=version, digest=digest,
-                     path=cache.current_link, cache_dir=os.path.abspath(cache.dir))
+    module.exit_json(changed=False,
+                     **ModelCache(module.params["cache_root"], module.params["name"]).served())
 
 
 if __name__ == "__main__":

@@ -109,14 +109,11 @@ def main() -> None:
         ["systemctl", "show", p["unit"], "--property", "ActiveState", "--value"],
         capture_output=True, text=True, check=False,
     )
-    cache = ModelCache(p["cache_root"], p["model_name"])
-    version = cache.current_version()
     module.exit_json(
         changed=False,
         recorded=recorded,
         serving=active.stdout.strip() == "active",
-        served={"version": version, "digest": cache.marker_digest(version) if version else "",
-                "path": cache.current_link, "cache_dir": os.path.abspath(cache.dir)},
+        served=ModelCache(p["cache_root"], p["model_name"]).served(),
     )
 
 
