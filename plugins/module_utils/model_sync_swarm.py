@@ -78,7 +78,11 @@ def remove_state(model_dir: str, version: str) -> None:
 
 
 class PeerError(Exception):
-    """A peer that cannot answer now (unreachable, busy, an error status)."""
+    """A peer that cannot answer now (unreachable, an error status)."""
+
+
+class PeerBusy(PeerError):
+    """A peer that sends as many pieces as it may at once (HTTP 503): up, ask again soon."""
 
 
 class Peer:
@@ -103,7 +107,8 @@ class Peer:
             resp = conn.getresponse()
             if resp.status != 200:
                 resp.read(4096)
-                raise PeerError(f"{self.name} answered HTTP {resp.status} for {API + path}")
+                kind = PeerBusy if resp.status == 503 else PeerError
+                raise kind(f"{self.name} answered HTTP {resp.status} for {API + path}")
             if into is None:
                 return resp.read(64 * 1024 * 1024)
             length = int(resp.getheader("Content-Length", "-1"))
@@ -327,6 +332,10 @@ class SwarmSource:
     def _from_peer(self, peer: Peer, index: int, view: memoryview) -> bool:
         try:
             digest = peer.piece(self.name, self.version, index, view)
+        except PeerBusy:
+            # Up, and still holding (or fetching) what it did: its pieces stay its own, or
+            # the store would be asked for what the fleet already has.
+            return False
         except PeerError:
             with self._lock:
                 self.view.pop(peer.name, None)  # down until it answers a look again
