@@ -22,8 +22,10 @@ Mitogen's strategy (INFERFLEET_MITOGEN=1), which the other scenarios leave off:
   finding, the queue in that engine, with its slots and the fix;
 - `rollout --version v2` under load through both load balancers (HAProxy's through the
   router, which rollout drains and refills): no request fails, every node on v2;
-- `scale --remove` of node6 under load, then `scale --add`: no request fails, the fleet
-  serves on five nodes, then six, and node6 is listed where it was (nodes.yml).
+- `scale --remove --purge-model` of node6 under load, then `scale --add`: no request
+  fails, the fleet serves on five nodes, then six, and node6 is listed where it was
+  (nodes.yml); the others' peer servers refuse node6 once it is out (403) and admit it
+  again, and it takes the whole model from them, nothing from the object store.
 The real vLLM CPU build stays in every functional scenario (the install test, molecule);
 fleet-scale timings are benchmarks/fleet_scale.py's.
 """
@@ -238,6 +240,28 @@ def _router_unhealthy(balancer: str) -> str:
     ).stdout
 
 
+def _peer_status(asker: str, peer: str) -> int:
+    """The HTTP status `peer`'s model peer server answers `asker` without a token: 403 to a
+    host that is not a member of the fleet, 401 to a member."""
+    address = yaml.safe_load((paths.LAB_INVENTORY / "host_vars" / f"{peer}.yml").read_text())
+    probe = ("import sys, urllib.request, urllib.error\n"
+             "try:\n    urllib.request.urlopen(sys.argv[1], timeout=5)\n    print(200)\n"
+             "except urllib.error.HTTPError as e:\n    print(e.code)\n")
+    url = f"http://{address['inferfleet_address']}:8950/v1/tiny/v1/state"
+    out = subprocess.run(["docker", "exec", asker, "python3", "-c", probe, url],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout)
+
+
+def _synced(out: str, host: str) -> dict:
+    """The model_sync module's result on `host` in a run."""
+    [result] = [e["event_data"]["res"] for e in _events(out)
+                if e.get("event") == "runner_on_ok" and e["event_data"].get("host") == host
+                and e["event_data"].get("resolved_action") == "inferfleet.fleet.model_sync"]
+    return result
+
+
 def _until(what: str, ready, timeout: float) -> float:
     deadline = time.monotonic() + timeout
     while not ready():
@@ -328,13 +352,18 @@ def test_a_simulated_fleet_deploys_verifies_rolls_and_scales(
         assert len(load.calls) >= 20 and not load.failed(), (len(load.calls), load.failed()[:3])
         assert _serving(venv_bin, env) == dict.fromkeys(NODES, "v2")
 
+        assert _peer_status(NODES[-1], NODES[0]) == 401  # a member, without the token
         with v.LoadLoop(bases, "tiny-llama", key, workers=2, pause=0.2) as load:
-            _cli(venv_bin, env, "scale", "--remove", NODES[-1])
+            _cli(venv_bin, env, "scale", "--remove", NODES[-1], "--purge-model")
             assert sorted(_serving(venv_bin, env)) == sorted(NODES[:-1])
             standby = yaml.safe_load((inventory / fleet.NODES_FILE).read_text())
             assert NODES[-1] in standby["all"]["children"]["standby"]["hosts"], standby
-            _cli(venv_bin, env, "scale", "--add", NODES[-1])
+            assert _peer_status(NODES[-1], NODES[0]) == 403
+            added = _cli(venv_bin, env, "scale", "--add", NODES[-1])
         assert len(load.calls) >= 10 and not load.failed(), (len(load.calls), load.failed()[:3])
+        synced = _synced(added, NODES[-1])
+        assert synced["changed"] and synced["bytes_from_store"] == 0, synced
+        assert sum(synced["bytes_from_peers"].values()) > 0, synced
         assert _serving(venv_bin, env) == dict.fromkeys(NODES, "v2")
         listed = yaml.safe_load((inventory / fleet.NODES_FILE).read_text())["all"]["children"]
         assert NODES[-1] in listed["inference"]["hosts"] and "standby" not in listed, listed
