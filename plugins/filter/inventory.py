@@ -30,13 +30,9 @@ def _instance_models(hosts, hostvars):
 
 
 def _rank(host, hosts, hostvars):
-    name, rank, size = rank_of(host, _instances(hosts, hostvars))
-    return {
-        "instance": name,
-        "rank": rank,
-        "size": size,
-        "members": _instances(hosts, hostvars)[name],
-    }
+    groups = _instances(hosts, hostvars)
+    name, rank, size = rank_of(host, groups)
+    return {"instance": name, "rank": rank, "size": size, "members": groups[name]}
 
 
 def _serving(hosts, hostvars):

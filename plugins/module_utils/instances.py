@@ -31,13 +31,18 @@ def instances(hosts: Sequence[str], hostvars: Mapping[str, Mapping]) -> dict[str
     """Map each instance name to its member hosts in rank order; raise on a bad inventory."""
     if not hosts:
         raise InventoryError("the `inference` group is empty: add at least one engine node")
+    # One look at each host's variables: in Ansible each is a whole variable merge.
+    wanted = {}
+    for host in hosts:
+        hv = hostvars.get(host, {})
+        wanted[host] = (hv.get("inferfleet_instance"), hv.get("inferfleet_rank"))
     groups: dict[str, list[str]] = {}
     for host in hosts:
-        name = str(hostvars.get(host, {}).get("inferfleet_instance") or host)
+        name = str(wanted[host][0] or host)
         groups.setdefault(name, []).append(host)
     ordered = {}
     for name, members in groups.items():
-        explicit = {h: hostvars.get(h, {}).get("inferfleet_rank") for h in members}
+        explicit = {h: wanted[h][1] for h in members}
         given = {h: r for h, r in explicit.items() if r is not None}
         if given and len(given) != len(members):
             missing = sorted(set(members) - set(given))

@@ -12,6 +12,25 @@ def served_models(models):
     return sorted({model["served"] for model in models.values()})
 
 
+def test_each_hosts_variables_are_looked_up_once():
+    """In Ansible each hostvars[host] merges all of that host's variables again: a filter
+    evaluated for every host of a 32-node play pays it 32 x 32 times, so once per host."""
+    from ansible_collections.inferfleet.fleet.plugins.filter.inventory import FilterModule
+
+    looked = []
+
+    class HostVars(dict):
+        def get(self, host, default=None):
+            looked.append(host)
+            return super().get(host, default)
+
+    hv = HostVars(a={"inferfleet_instance": "big", "inferfleet_rank": 1},
+                  b={"inferfleet_instance": "big", "inferfleet_rank": 0}, c={})
+    rank = FilterModule().filters()["rank"]("a", ["a", "b", "c"], hv)
+    assert rank == {"instance": "big", "rank": 1, "size": 2, "members": ["b", "a"]}
+    assert sorted(looked) == ["a", "b", "c"]
+
+
 def test_default_every_node_is_its_own_instance():
     groups = instances(["a", "b"], {})
     assert groups == {"a": ["a"], "b": ["b"]}
