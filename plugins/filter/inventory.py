@@ -41,7 +41,8 @@ def _serving(hosts, hostvars):
 
 def _serving_of(named, hosts, hostvars):
     """The serving nodes (rank 0) of the instances that `named` hosts belong to."""
-    return [h for h in _serving(hosts, hostvars) if h in _members_of(named, hosts, hostvars)]
+    groups = _instances(hosts, hostvars)
+    return [members[0] for members in groups.values() if set(members) & set(named)]
 
 
 def _members_of(named, hosts, hostvars):
