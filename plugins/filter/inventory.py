@@ -35,6 +35,15 @@ def _rank(host, hosts, hostvars):
     return {"instance": name, "rank": rank, "size": size, "members": groups[name]}
 
 
+def _ranks(hosts, hostvars):
+    """{host: its rank as `rank` gives it} for every host, from one look at the inventory."""
+    return {
+        host: {"instance": name, "rank": i, "size": len(members), "members": members}
+        for name, members in _instances(hosts, hostvars).items()
+        for i, host in enumerate(members)
+    }
+
+
 def _serving(hosts, hostvars):
     return serving_nodes(_instances(hosts, hostvars))
 
@@ -113,6 +122,7 @@ class FilterModule:
             "instance_models": _instance_models,
             "served_model": served_model,
             "rank": _rank,
+            "ranks": _ranks,
             "serving_nodes": _serving,
             "serving_nodes_of": _serving_of,
             "members_of": _members_of,

@@ -29,6 +29,11 @@ def test_each_hosts_variables_are_looked_up_once():
     rank = FilterModule().filters()["rank"]("a", ["a", "b", "c"], hv)
     assert rank == {"instance": "big", "rank": 1, "size": 2, "members": ["b", "a"]}
     assert sorted(looked) == ["a", "b", "c"]
+    looked.clear()
+    ranks = FilterModule().filters()["ranks"](["a", "b", "c"], hv)  # every host's at once
+    assert sorted(looked) == ["a", "b", "c"]
+    assert ranks == {h: FilterModule().filters()["rank"](h, ["a", "b", "c"], hv) for h in "abc"}
+    assert ranks["c"] == {"instance": "c", "rank": 0, "size": 1, "members": ["c"]}
 
 
 def test_default_every_node_is_its_own_instance():
