@@ -180,6 +180,7 @@ class SwarmSource:
         self.view = {}  # peer name -> its last state (None: holds nothing; missing: down)
         self.progress = {}  # peer name -> (pieces held, when that count last grew)
         self.dropped = {}  # peer name -> why it was dropped for this run
+        self.refusing = {}  # peer name -> when it began to answer busy (since its last piece)
         self.bytes_from_store = 0
         self.bytes_from_peers = {}
         self.warnings = []
@@ -271,6 +272,7 @@ class SwarmSource:
     def _holders(self, index: int) -> list:
         with self._lock:
             found = [p for p in self.peers if p.name not in self.dropped
+                     and not self._refused_too_long(p.name)
                      and _holds(self.view.get(p.name), self.digest, index)]
         random.shuffle(found)  # spread the readers of one piece over its holders
         return found
@@ -318,7 +320,7 @@ class SwarmSource:
     def _taken(self, index: int, peers: list) -> bool:
         """(Under the lock.) Whether one of ``peers`` holds the piece, or fetches it from
         the store and has not stalled."""
-        return any(p.name not in self.dropped
+        return any(p.name not in self.dropped and not self._refused_too_long(p.name)
                    and (_holds(self.view.get(p.name), self.digest, index)
                         or (_fetches(self.view.get(p.name), self.digest, index)
                             and not self._stalled(p.name)))
@@ -328,13 +330,22 @@ class SwarmSource:
         held, since = self.progress.get(name, (0, time.monotonic()))
         return time.monotonic() - since > self.stall
 
+    def _refused_too_long(self, name: str) -> bool:
+        """Whether a peer has answered busy, and sent no piece, for longer than the stall
+        time: its pieces are then nobody's (a peer whose slots never free would otherwise
+        hold the sync for ever)."""
+        since = self.refusing.get(name)
+        return since is not None and time.monotonic() - since > self.stall
+
     # -- moving bytes ------------------------------------------------------------------
     def _from_peer(self, peer: Peer, index: int, view: memoryview) -> bool:
         try:
             digest = peer.piece(self.name, self.version, index, view)
         except PeerBusy:
             # Up, and still holding (or fetching) what it did: its pieces stay its own, or
-            # the store would be asked for what the fleet already has.
+            # the store would be asked for what the fleet already has; for the stall time.
+            with self._lock:
+                self.refusing.setdefault(peer.name, time.monotonic())
             return False
         except PeerError:
             with self._lock:
@@ -346,6 +357,7 @@ class SwarmSource:
             return False
         with self._lock:
             self.bytes_from_peers[peer.name] = self.bytes_from_peers.get(peer.name, 0) + len(view)
+            self.refusing.pop(peer.name, None)
         return True
 
     def _from_store(self, entry: dict, index: int, start: int, end: int,

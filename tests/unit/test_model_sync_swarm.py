@@ -304,6 +304,37 @@ def test_a_busy_peer_is_asked_again_not_replaced_by_the_store(model, nodes):
     assert late.result["peers_dropped"] == {}
 
 
+def test_a_peer_busy_for_longer_than_the_stall_time_is_replaced_by_the_store(model, nodes):
+    """A peer whose slots never free (503 to every piece request) must not hold the sync
+    for ever: after the stall time without a piece from it, its pieces come from the store."""
+    store_root, manifest = model
+    holder, late = nodes(2)
+    holder.sync(Store(store_root, "tiny", "v1"), [holder])
+
+    class NoSlots:
+        refused = 0
+
+        def acquire(self, blocking=True):
+            self.refused += 1
+            return False
+
+        def release(self):
+            pass
+
+    holder.server.slots = slots = NoSlots()
+    store = Store(store_root, "tiny", "v1")
+    syncing = threading.Thread(target=late.sync, args=(store, [holder, late]),
+                               kwargs={"stall": 1.0}, daemon=True)
+    syncing.start()
+    syncing.join(60)
+    assert not syncing.is_alive(), f"still syncing after 60 s ({slots.refused} refusals)"
+    assert late.error is None, late.error
+    verified(late, manifest)
+    assert slots.refused > 0
+    assert store.served == mf.total_size(manifest)
+    assert late.result["bytes_from_peers"] == {}
+
+
 def test_store_gone_after_the_first_node_finished(model, nodes):
     store_root, manifest = model
     first, pinned, unpinned = nodes(3)
