@@ -3,6 +3,7 @@ verify, destroy, on the lab's node image with real systemd."""
 
 import os
 import re
+import signal
 import subprocess
 
 import pytest
@@ -24,6 +25,10 @@ MITOGEN = {"replicated", "pipeline"}
 # engine_image), so each converge skips the same install on every node; the install
 # test and `make demo` install on plain nodes.
 ENGINE_IMAGE = {"replicated", "pipeline"}
+# How long a scenario may run before it is taken for hung and stopped, with its log so
+# far (seconds; 30 minutes unless named). Alone on this machine pipeline takes about 30
+# minutes; beside the other lane, about twice that.
+LIMIT_S = {"pipeline": 4200, "replicated": 3000}
 
 
 def ignored(lines: list[str], i: int) -> bool:
@@ -59,14 +64,24 @@ def test_scenario(scenario, node_image, wheelhouse, repo_root, venv_bin, tmp_pat
     if scenario in ENGINE_IMAGE:
         request.getfixturevalue("engine_image")
     env = dict(os.environ, INFERFLEET_MITOGEN="1" if scenario in MITOGEN else "0")
-    done = subprocess.run(
-        [venv_bin / "molecule", "test", "-s", scenario],
-        cwd=repo_root,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    log = done.stdout + done.stderr
     path = tmp_path_factory.mktemp("molecule") / f"{scenario}.log"
-    path.write_text(log)
-    assert done.returncode == 0, f"{failures(scenario, log)}\n(whole log: {path})\n{log[-3000:]}"
+    with open(path, "w") as out:
+        run = subprocess.Popen(
+            [venv_bin / "molecule", "test", "-s", scenario],
+            cwd=repo_root, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,  # its playbooks and CLI runs go with it on a timeout
+        )
+        try:
+            returncode = run.wait(timeout=LIMIT_S.get(scenario, 1800))
+        except subprocess.TimeoutExpired:
+            returncode = None
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+            subprocess.run([venv_bin / "molecule", "destroy", "-s", scenario], cwd=repo_root,
+                           env=env, capture_output=True, timeout=600)
+    log = path.read_text(errors="replace")
+    if returncode is None:
+        pytest.fail(f"molecule test -s {scenario} still ran after {LIMIT_S.get(scenario, 1800)} s "
+                    f"(stopped, its containers destroyed); where it was:\n{log[-5000:]}\n"
+                    f"(whole log: {path})", pytrace=False)
+    assert returncode == 0, f"{failures(scenario, log)}\n(whole log: {path})\n{log[-3000:]}"
