@@ -11,8 +11,8 @@ import pytest
 pytestmark = pytest.mark.lab
 
 # molecule/replicated is one fleet, one converge: rolling updates, canaries and rollback,
-# scaling in and out, the monitoring and its alerts. scripts/test.sh runs replicated,
-# gpu_host and lb in one lane and the others (pipeline first) in the second.
+# scaling in and out, the monitoring and its alerts. scripts/test.sh runs replicated and
+# gpu_host in one lane and the others (pipeline first) in the second.
 SCENARIOS = ["default", "lb", "replicated", "pipeline", "gpu_host"]
 # In these two, every CLI command (rollouts, rollback, scale, deploy, doctor) runs
 # through Mitogen (INFERFLEET_MITOGEN=1; docs/scaling.md), so CI runs that strategy on
