@@ -26,9 +26,9 @@ MITOGEN = {"replicated", "pipeline"}
 # test and `make demo` install on plain nodes.
 ENGINE_IMAGE = {"replicated", "pipeline"}
 # How long a scenario may run before it is taken for hung and stopped, with its log so
-# far (seconds; 30 minutes unless named). Alone on this machine pipeline takes about 30
-# minutes; beside the other lane, about twice that.
-LIMIT_S = {"pipeline": 4200, "replicated": 3000}
+# far (seconds; 30 minutes unless named). Beside the other lane in a fresh-clone run here:
+# pipeline 55 minutes (alone about 30), replicated 38, lb 8, gpu_host 7.
+LIMIT_S = {"pipeline": 4500, "replicated": 3600}
 
 
 def ignored(lines: list[str], i: int) -> bool:
