@@ -65,6 +65,7 @@ def test_scenario(scenario, node_image, wheelhouse, repo_root, venv_bin, tmp_pat
         request.getfixturevalue("engine_image")
     env = dict(os.environ, INFERFLEET_MITOGEN="1" if scenario in MITOGEN else "0")
     path = tmp_path_factory.mktemp("molecule") / f"{scenario}.log"
+    limit = LIMIT_S.get(scenario, 1800)
     with open(path, "w") as out:
         run = subprocess.Popen(
             [venv_bin / "molecule", "test", "-s", scenario],
@@ -72,7 +73,7 @@ def test_scenario(scenario, node_image, wheelhouse, repo_root, venv_bin, tmp_pat
             start_new_session=True,  # its playbooks and CLI runs go with it on a timeout
         )
         try:
-            returncode = run.wait(timeout=LIMIT_S.get(scenario, 1800))
+            returncode = run.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             returncode = None
             os.killpg(run.pid, signal.SIGKILL)
@@ -81,7 +82,7 @@ def test_scenario(scenario, node_image, wheelhouse, repo_root, venv_bin, tmp_pat
                            env=env, capture_output=True, timeout=600)
     log = path.read_text(errors="replace")
     if returncode is None:
-        pytest.fail(f"molecule test -s {scenario} still ran after {LIMIT_S.get(scenario, 1800)} s "
+        pytest.fail(f"molecule test -s {scenario} still ran after {limit} s "
                     f"(stopped, its containers destroyed); where it was:\n{log[-5000:]}\n"
                     f"(whole log: {path})", pytrace=False)
     assert returncode == 0, f"{failures(scenario, log)}\n(whole log: {path})\n{log[-3000:]}"
