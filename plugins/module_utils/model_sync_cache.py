@@ -25,6 +25,7 @@ from ansible_collections.inferfleet.fleet.plugins.module_utils.manifest import (
     loads,
 )
 from ansible_collections.inferfleet.fleet.plugins.module_utils.model_sync_swarm import (
+    NoStore,
     SwarmSource,
     remove_state,
     state_path,
@@ -37,6 +38,7 @@ from ansible_collections.inferfleet.fleet.plugins.module_utils.model_sync_transf
     MARKER_FILE,
     TMP_PREFIX,
     TRASH_PREFIX,
+    FolderSource,
     MiB,
     PathSource,
     S3Source,
@@ -301,10 +303,30 @@ class Syncer:
 
     def _make_source(self):
         p = self.p
-        if p.get("source", "s3") == "path":
-            if not p.get("path_source"):
-                raise SyncError("source=path needs path_source")
-            return PathSource(p["path_source"], self.name, self.version)
+        kind = p.get("source", "s3")
+        if kind in ("path", "folder") and not p.get("path_source"):
+            raise SyncError(f"source={kind} needs path_source")
+        if kind == "path":
+            store = PathSource(p["path_source"], self.name, self.version)
+        elif kind == "folder":
+            store = FolderSource(p["path_source"], self.name, self.version)
+        elif kind == "peers":
+            if not p.get("peers"):
+                raise SyncError("source=peers needs peers: the nodes that may hold the version")
+            store = NoStore(self.name, self.version)
+        else:
+            store = self._s3_store()
+        if not p.get("peers"):
+            return store
+        if not p.get("peer_name"):
+            raise SyncError("peers need peer_name: this node's name among them")
+        return SwarmSource(store, p["peer_name"], p["peers"], p.get("peer_token") or "",
+                           self.name, self.version, timeout=float(p.get("timeout") or 60),
+                           stall=float(p.get("peer_stall_timeout") or 30),
+                           pinned_digest=p.get("manifest_digest") or "")
+
+    def _s3_store(self):
+        p = self.p
         if not p.get("s3_endpoint") or not p.get("s3_bucket"):
             raise SyncError("source=s3 needs s3_endpoint and s3_bucket")
         try:
@@ -314,16 +336,8 @@ class Syncer:
                               bool(p.get("validate_certs", True)), p.get("ca_bundle") or "")
         except S3Error as exc:
             raise SyncError(str(exc)) from None
-        store = S3Source(client, p["s3_bucket"], p.get("s3_prefix") or "", self.name,
-                         self.version)
-        if not p.get("peers"):
-            return store
-        if not p.get("peer_name"):
-            raise SyncError("peers need peer_name: this node's name among them")
-        return SwarmSource(store, p["peer_name"], p["peers"], p.get("peer_token") or "",
-                           self.name, self.version, timeout=float(p.get("timeout") or 60),
-                           stall=float(p.get("peer_stall_timeout") or 30),
-                           pinned_digest=p.get("manifest_digest") or "")
+        return S3Source(client, p["s3_bucket"], p.get("s3_prefix") or "", self.name,
+                        self.version)
 
     def _owner(self) -> tuple:
         uid = gid = -1

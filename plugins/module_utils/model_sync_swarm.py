@@ -7,7 +7,9 @@ The object store stays the root of trust: the manifest (format 2) comes from it 
 when its digest is pinned, from any peer, checked against that digest) and holds the
 SHA-256 of every piece. Every piece, from a peer or from the store, is checked against
 it before it is written or offered to others; a peer that sends a piece that fails is
-dropped for the rest of the run and the piece taken elsewhere.
+dropped for the rest of the run and the piece taken elsewhere. What only the nodes hold
+(source=peers: a compile cache one node made and published, source=folder) has no store:
+its manifest is a holder's, and a piece no peer holds fails the run.
 
 Each node publishes what it holds in ``CACHE/NAME/.peer-VERSION.json`` (the folder the
 pieces are in, the manifest digest, a bitfield of the verified pieces and one of the
@@ -152,6 +154,31 @@ class Peer:
         return self._get(f"/{quote(name)}/{quote(version)}/piece/{index}", into)
 
 
+class NoStore:
+    """The store of a version that only the peers hold (source=peers): what a node made
+    itself and offered (vLLM's compile cache). Asked for anything, it fails."""
+
+    kind = "peers"
+
+    def __init__(self, name: str, version: str):
+        self.name = name
+        self.version = version
+
+    def where(self, rel: str = "") -> str:
+        return f"the peers' {self.name}/{self.version}" + (f"/{rel}" if rel else "")
+
+    def read_manifest(self) -> bytes:
+        raise SyncError(f"no peer holds {self.name}/{self.version}")
+
+    def fetch(self, entry: dict, start: int, end: int, into: memoryview, on_data) -> None:
+        raise SyncError(f"no peer holds {entry['path']} bytes {start}-{end - 1} of "
+                        f"{self.name}/{self.version}, and source=peers has no object store "
+                        "to fall back on")
+
+    def close(self) -> None:
+        pass
+
+
 class SwarmSource:
     """A transfer source that reads each piece from a peer when one holds it, else from
     ``store`` (only the piece's owner does), verifying every piece against the manifest."""
@@ -194,23 +221,31 @@ class SwarmSource:
 
     def read_manifest(self) -> bytes:
         """The store's manifest; with a pinned digest and the store unreachable, a peer's
-        that has exactly that digest."""
+        that has exactly that digest. With no store (source=peers), the first peer's that
+        holds the version whole (and has the pinned digest, when one is)."""
+        peers_only = isinstance(self.store, NoStore)
         try:
             return self.store.read_manifest()
         except Exception as exc:
-            if not self.pinned or not self.peers:
+            if not (self.pinned or peers_only) or not self.peers:
                 raise
             store_error = exc
         for peer in self.peers:
             try:
+                if peers_only and (peer.state(self.name, self.version) or {}).get("have") != "all":
+                    continue
                 raw = peer.manifest(self.name, self.version)
-                if compute_digest(loads(raw)) == self.pinned:
-                    self.warnings.append(f"the object store failed ({store_error}); the "
-                                         f"manifest came from {peer.name}, checked against "
-                                         f"the pinned digest {self.pinned}")
+                if not self.pinned or compute_digest(loads(raw)) == self.pinned:
+                    if not peers_only:
+                        self.warnings.append(
+                            f"the object store failed ({store_error}); the manifest came "
+                            f"from {peer.name}, checked against the pinned digest {self.pinned}")
                     return raw
             except (PeerError, ManifestError):
                 continue
+        if peers_only:
+            pin = f" with digest {self.pinned}" if self.pinned else ""
+            raise SyncError(f"{store_error}{pin}") from None
         raise SyncError(f"{store_error}; and no peer holds the manifest with digest "
                         f"{self.pinned}") from None
 

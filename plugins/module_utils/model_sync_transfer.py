@@ -14,6 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.inferfleet.fleet.plugins.module_utils.manifest import (
     MANIFEST_FILE,
+    PIECE_SIZE,
+    ManifestError,
+    dumps,
+    scan,
 )
 from ansible_collections.inferfleet.fleet.plugins.module_utils.s3 import S3Client
 
@@ -219,6 +223,25 @@ class PathSource:
 # ---------------------------------------------------------------------------------------
 class _Abort(Exception):
     pass
+
+
+class FolderSource(PathSource):
+    """A folder this node made itself (no manifest): its files are hashed into a format 2
+    manifest, then read and checked like a path source's. Nothing vouches for what the
+    folder holds: for a node's own output only (vLLM's compile cache, docs/engine.md)."""
+
+    kind = "folder"
+
+    def __init__(self, folder: str, name: str, version: str):
+        self.root = folder
+        self.name = name
+        self.version = version
+
+    def read_manifest(self) -> bytes:
+        try:
+            return dumps(scan(self.root, self.name, self.version, piece_size=PIECE_SIZE)).encode()
+        except ManifestError as exc:
+            raise SyncError(f"cannot publish {self.root}: {exc}") from None
 
 
 class _BufferPool:

@@ -65,8 +65,15 @@ options:
     description:
       - C(s3) reads C(s3://S3_BUCKET/S3_PREFIX/NAME/VERSION/); C(path) reads
         C(PATH_SOURCE/NAME/VERSION/) on a mounted filesystem (NFS, Lustre, ...).
+      - For what the nodes make themselves (vLLM's compile cache, see docs/engine.md), with
+        no object store behind it. C(folder) publishes the folder O(path_source) of this
+        node as NAME/VERSION, offered to O(peers); it has no manifest, so its files are
+        hashed into one, and nothing but this node vouches for them. C(peers) takes
+        NAME/VERSION only from O(peers), with the manifest of the first that holds it
+        whole (pinned by O(manifest_digest) when given) and every piece checked against
+        it; a piece that no peer holds fails the run.
     type: str
-    choices: [s3, path]
+    choices: [s3, path, folder, peers]
     default: s3
   s3_endpoint:
     description: S3 endpoint URL, C(http(s)://HOST[:PORT]). Path-style addressing is used.
@@ -102,7 +109,9 @@ options:
     description: CA bundle file for the endpoint's certificate (default the system's).
     type: path
   path_source:
-    description: With O(source=path), the folder that holds C(NAME/VERSION/manifest.json).
+    description:
+      - With O(source=path), the folder that holds C(NAME/VERSION/manifest.json); with
+        O(source=folder), the folder to publish.
     type: path
   use_in_place:
     description:
@@ -310,7 +319,7 @@ ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),
     version=dict(type="str", required=True),
     cache_root=dict(type="path", required=True),
-    source=dict(type="str", choices=["s3", "path"], default="s3"),
+    source=dict(type="str", choices=["s3", "path", "folder", "peers"], default="s3"),
     s3_endpoint=dict(type="str", fallback=(env_fallback, ["AWS_ENDPOINT_URL"])),
     s3_bucket=dict(type="str"),
     s3_prefix=dict(type="str", default=""),

@@ -464,3 +464,92 @@ def test_the_roles_list_of_peers_names_the_engine_nodes_that_take_part():
     hostvars["n1"] = {"ansible_host": "n1.example.com"}
     with pytest.raises(AnsibleFilterError, match="Set inferfleet_address for n1"):
         model_sync_peer_list(groups, hostvars, {"peers": True, "port": 8950})
+
+
+# -- what only the nodes hold: a folder one node made (vLLM's compile cache) ---------------
+@pytest.fixture
+def made(tmp_path):
+    """A compile cache as vLLM leaves it: a hash folder, a rank folder, a lock file."""
+    root = tmp_path / "made" / "3f2a9c" / "rank_0_0"
+    (root / "backbone").mkdir(parents=True)
+    (root / "backbone" / "artifact_0").write_bytes(os.urandom(3 * MiB + 17))
+    (root / "computation_graph.py").write_text("def forward(x):\n    return x\n")
+    (root / ".lock").write_text("")  # hidden: not published
+    files = {"3f2a9c/rank_0_0/backbone/artifact_0", "3f2a9c/rank_0_0/computation_graph.py"}
+    return tmp_path / "made", files
+
+
+def sync_params(node, source, peers, **extra):
+    params = {"name": "vllm-compile", "version": "k1", "cache_root": str(node.cache),
+              "source": source, "peers": [{"name": p.name, "url": p.url} for p in peers],
+              "peer_name": node.name, "peer_token": TOKEN, "timeout": 5,
+              "peer_stall_timeout": 2, "concurrency": 2}
+    params.update(extra)
+    return Syncer(params)
+
+
+def held(node, version="k1"):
+    folder = node.cache / "vllm-compile" / version
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*")
+            if p.is_file() and not p.name.startswith(".") and p.name != "manifest.json"}
+
+
+def test_a_folder_one_node_made_is_published_and_fetched_from_it_alone(made, nodes):
+    folder, files = made
+    maker, other = nodes(2)
+    size = sum((folder / f).stat().st_size for f in files)
+    first = sync_params(maker, "folder", [maker], path_source=str(folder)).run()
+    assert first["changed"] and first["bytes_from_store"] == size
+    assert set(held(maker)) == files  # the hidden lock file stays behind
+    assert {k: v == (folder / k).read_bytes() for k, v in held(maker).items()} == \
+        dict.fromkeys(files, True)
+    state = json.loads((maker.cache / "vllm-compile" / ".peer-k1.json").read_text())
+    assert (state["digest"], state["have"]) == (first["manifest_digest"], "all")
+    assert sync_params(maker, "folder", [maker], path_source=str(folder)).run()["changed"] is False
+    got = sync_params(other, "peers", [maker, other]).run()
+    assert got["manifest_digest"] == first["manifest_digest"]
+    assert got["bytes_from_store"] == 0
+    assert got["bytes_from_peers"] == {"node1": size}
+    assert held(other) == held(maker)
+    # pinned to another digest: refused, nothing left behind
+    third = nodes(1)[0]
+    with pytest.raises(SyncError, match="no peer holds vllm-compile/k1 with digest sha256:0+"):
+        sync_params(third, "peers", [maker, third], manifest_digest="sha256:" + "0" * 64).run()
+    assert not (third.cache / "vllm-compile" / "k1").exists()
+
+
+def test_source_peers_fails_clearly_when_no_peer_holds_it_whole(made, nodes, tmp_path):
+    folder, _ = made
+    maker, other = nodes(2)
+    gone = Node(tmp_path, "gone")
+    gone.stop()
+    with pytest.raises(SyncError, match="no peer holds vllm-compile/k1"):
+        sync_params(other, "peers", [maker, gone, other]).run()
+    left = other.cache / "vllm-compile"
+    assert not left.exists() or [p.name for p in left.iterdir() if p.name != ".lock"] == []
+    with pytest.raises(SyncError, match="source=peers needs peers"):
+        Syncer({"name": "vllm-compile", "version": "k1", "cache_root": str(other.cache),
+                "source": "peers"})
+    with pytest.raises(SyncError, match="source=folder needs path_source"):
+        Syncer({"name": "vllm-compile", "version": "k1", "cache_root": str(other.cache),
+                "source": "folder"})
+
+
+def test_a_holder_serving_a_corrupted_piece_fails_the_fetch_or_is_replaced(made, nodes):
+    folder, files = made
+    bad, good, late = nodes(3)
+    published = sync_params(bad, "folder", [bad], path_source=str(folder)).run()
+    sync_params(good, "peers", [bad, good]).run()
+    path = bad.cache / "vllm-compile" / "k1" / "3f2a9c" / "rank_0_0" / "backbone" / "artifact_0"
+    data = bytearray(path.read_bytes())
+    data[MiB] ^= 0xFF
+    path.write_bytes(bytes(data))
+    # The bad holder alone: dropped, and no store to fall back on: a clear failure.
+    with pytest.raises(SyncError, match="no object store to fall back on"):
+        sync_params(late, "peers", [bad, late]).run()
+    assert not (late.cache / "vllm-compile" / "k1").exists()
+    # A good holder beside it: the piece comes from the good one.
+    got = sync_params(late, "peers", [bad, good, late]).run()
+    assert got["manifest_digest"] == published["manifest_digest"]
+    assert set(held(late)) == files and held(late) == held(good)
+    assert set(got["peers_dropped"]) <= {"node1"}
