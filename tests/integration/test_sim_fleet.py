@@ -18,6 +18,10 @@ Mitogen's strategy (INFERFLEET_MITOGEN=1), which the other scenarios leave off:
 - a tenant's engine killed under its load: the router takes it out within its checks'
   bound, no request started after that fails, the tenant moves to one other engine and
   comes back once its engine answers again;
+- the engine role's compile-cache steps (tests/integration/compile_cache.yml; a folder
+  planted as node1's compile cache, since a simulated engine compiles none): node1 finds
+  none to take and offers its own, the other five take it at once from the peers alone,
+  and every node holds the same files, the engine user's, under one key;
 - `doctor`, with one engine given 96 requests at once (its max_num_seqs is 8): one
   finding, the queue in that engine, with its slots and the fix;
 - `rollout --version v2` under load through both load balancers (HAProxy's through the
@@ -240,6 +244,15 @@ def _router_unhealthy(balancer: str) -> str:
     ).stdout
 
 
+def _compile_cache_moves_between_nodes(bin_dir: Path, env: dict, inventory: Path) -> None:
+    done = subprocess.run(
+        [str(bin_dir / "ansible-playbook"), "-i", str(inventory),
+         str(Path(__file__).with_name("compile_cache.yml"))],
+        env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2],
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+
+
 def _reloads_since(node: str, since: int) -> int:
     """How many times the node's systemd read its units again since `since` (epoch s)."""
     out = subprocess.run(
@@ -349,6 +362,7 @@ def test_a_simulated_fleet_deploys_verifies_rolls_and_scales(
         same = next(c for c in report["checks"] if c["check"] == "identical greedy answers")
         assert same["detail"].startswith(f"{len(NODES) + len(balancers)} answers"), same
         assert report["load"]["sent"] == 60 and report["load"]["failed"] == 0, report["load"]
+        _compile_cache_moves_between_nodes(venv_bin, env, inventory)
         _cache_aware_keeps_tenants_together(inventory)
         _prometheus_sees_the_fleet(venv_bin, env, inventory, balancers)
         _a_killed_engine_hands_its_tenant_over_and_takes_it_back(inventory)
